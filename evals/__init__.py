@@ -1,0 +1,1 @@
+"""Tasks with exact verifiers, benchmark file loaders, the evaluation harness and reports."""

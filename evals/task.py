@@ -1,0 +1,35 @@
+"""What a task family is: a seeded generator with difficulty knobs and an exact verifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class TaskInstance:
+    """One problem: the text the team sees and the ground truth the verifier checks against."""
+
+    id: str
+    prompt: str
+    answer: Any  # JSON-serialisable ground truth
+    difficulty: str = "default"
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@runtime_checkable
+class TaskFamily(Protocol):
+    name: str
+    description: str
+
+    def generate(self, n: int, seed: int, **difficulty: Any) -> list[TaskInstance]:
+        """n instances, the same for the same seed and knobs."""
+        ...
+
+    def extract_answer(self, response: str) -> str | None:
+        """The final answer in a team's final message, or None if there is none."""
+        ...
+
+    def verify(self, instance: TaskInstance, response: str) -> float:
+        """Exact reward in [0, 1] (1.0 = correct) for the team's final message."""
+        ...

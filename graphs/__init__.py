@@ -1,0 +1,1 @@
+"""Declaring teams: roles, shared-context state, turn-taking router, the compiled LangGraph."""

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite, as `make test` and CI run it.
+# Servers the tests need (vLLM, Phoenix) get their own virtual environments from scripts/setup_*.sh;
+# the tests' session fixtures start and stop the servers themselves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TEAMTR_TORCH_THREADS=${TEAMTR_TORCH_THREADS:-1}
+for setup in scripts/setup_*.sh; do
+    [ -e "$setup" ] && bash "$setup"
+done
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q -rs "$@"

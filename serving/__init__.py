@@ -1,0 +1,1 @@
+"""Engines (embedded transformers+peft; vLLM), adapter registry with hot-swap, the team chat API, tracing."""

@@ -1,0 +1,78 @@
+"""The engine interface shared by training rollouts and serving.
+
+Two implementations: `EmbeddedEngine` (transformers + peft, in process) and `VLLMEngine` (a real vLLM
+OpenAI-compatible server with runtime LoRA). A role's chat model, the trainer's rollouts and the chat
+API all talk to an engine through this interface only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+DEFAULT_BASE = "base"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a message is sampled. Log-probs are always those of the untempered policy pi (T=1)."""
+
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    stop: tuple[str, ...] = ()  # generation ends after the first of these strings (kept in the text)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+
+@dataclass
+class Generation:
+    """What an engine returns for one prompt: token ids and behaviour log-probs, never re-tokenised."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" or "length"
+    adapter: str | None
+    adapter_version: int
+    base_model: str = DEFAULT_BASE
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One or more base models, each with named LoRA adapters (None = the base / reference policy)."""
+
+    def tokenizer(self, base: str = DEFAULT_BASE):  # -> transformers.PreTrainedTokenizerBase
+        ...
+
+    def base_models(self) -> list[str]: ...
+
+    def adapter_version(self, adapter: str | None, base: str = DEFAULT_BASE) -> int: ...
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        adapter: str | None,
+        sampling: SamplingParams,
+        base: str = DEFAULT_BASE,
+    ) -> Generation: ...
+
+    def score(
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        adapter: str | None,
+        base: str = DEFAULT_BASE,
+    ) -> list[list[float]]:
+        """log pi(x_u | prompt, x_<u) of given completion tokens under `adapter` (no sampling)."""
+        ...
