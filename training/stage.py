@@ -1,0 +1,134 @@
+"""One stage of Algorithm 1, written once for every team: the tabular exact teams of the theory lab and
+the LLM teams of the trainer plug into the same loop through `StageTeam`.
+
+    for stage k:
+      choose order sigma
+      for i in 1..n:  j = sigma(i)
+        ROLLOUT   under the current intermediate team pi^(i-1)        (schedule decides: fresh or stale)
+        OPTIMISE  agent j inside its trust region on that batch; swap j's accepted weights in
+      LOG stage certificate
+
+The schedule is a parameter, not a copy per variant:
+  teamtr                resample after every update (intermediate occupancy)
+  naive                 one batch per stage, reused by every update (stale occupancy)
+  resample_every=k      resample after every k updates (teamtr is k=1; naive is k>=n)
+  importance_weighting  stale batch, reweighted towards pi^(i-1) by the team (logs ESS/B)
+  joint                 every agent updated at once from pi^0 on one batch
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+Batch = TypeVar("Batch")
+
+ScheduleKind = Literal["teamtr", "naive", "joint", "importance_weighting"]
+OrderKind = Literal["fixed", "reversed", "random"]
+
+
+@dataclass
+class ScheduleConfig:
+    """Which rollouts each update of a stage is evaluated on."""
+
+    kind: ScheduleKind = "teamtr"
+    resample_every: int = 1  # teamtr only: resample after every k updates (1 = Algorithm 1)
+    order: OrderKind = "fixed"  # sigma: fixed role order, reversed, or a random permutation per stage
+    # Also sample a fresh batch of pi^(i-1) in stale schedules, only to measure the stale gap
+    # (the surrogate on the stage-start batch vs on the fresh batch). Costs rollouts; off by default
+    # for naive runs that are compared at equal token budgets.
+    diagnose_stale_gap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("teamtr", "naive", "joint", "importance_weighting"):
+            raise ValueError(f"unknown schedule {self.kind!r}")
+        if self.resample_every < 1:
+            raise ValueError("resample_every must be >= 1")
+        if self.order not in ("fixed", "reversed", "random"):
+            raise ValueError(f"unknown order {self.order!r}")
+
+
+@dataclass
+class UpdateContext(Generic[Batch]):
+    """What update i of a stage gets to see."""
+
+    stage: int
+    index: int  # i, 1-based position in sigma
+    role: str  # j = sigma(i)
+    batch: Batch  # the rollouts the update optimises on (fresh or stale, per the schedule)
+    stage_start_batch: Batch  # rollouts of pi^0 (for the stale gap)
+    fresh: bool  # batch was sampled from pi^(i-1) (intermediate occupancy)
+    reweight: bool  # importance_weighting: reweight `batch` (from pi^0) towards pi^(i-1)
+    fresh_batch: Batch | None = None  # rollouts of pi^(i-1), when available (stale-gap diagnostic)
+
+
+@dataclass
+class StageRecord:
+    stage: int
+    order: list[str]
+    updates: list[Any] = field(default_factory=list)  # what StageTeam.update returned, in order
+    rollouts: int = 0  # rollout batches sampled this stage
+
+
+class StageTeam(Protocol[Batch]):
+    """A team that Algorithm 1 can train: tabular (exact) or LLM (sampled)."""
+
+    def rollout(self, stage: int, index: int) -> Batch:
+        """A batch of episodes of the current (intermediate) team."""
+        ...
+
+    def update(self, ctx: UpdateContext[Batch]) -> Any:
+        """Optimise ctx.role on ctx.batch inside its trust region; swap the accepted weights in."""
+        ...
+
+    def update_joint(self, stage: int, roles: list[str], batch: Batch) -> list[Any]:
+        """Update all roles at once from the same pi^0 batch; swap all accepted weights in."""
+        ...
+
+
+def stage_order(roles: list[str], order: OrderKind, rng: random.Random) -> list[str]:
+    if order == "fixed":
+        return list(roles)
+    if order == "reversed":
+        return list(reversed(roles))
+    perm = list(roles)
+    rng.shuffle(perm)
+    return perm
+
+
+def run_stage(
+    team: StageTeam[Batch], roles: list[str], cfg: ScheduleConfig, stage: int, rng: random.Random
+) -> StageRecord:
+    """Algorithm 1, one stage. The schedule only decides which batch each update sees."""
+    sigma = stage_order(roles, cfg.order, rng)
+    record = StageRecord(stage=stage, order=sigma)
+
+    stage_start_batch = team.rollout(stage, 0)  # rollouts of pi^0
+    record.rollouts += 1
+    if cfg.kind == "joint":
+        record.updates = team.update_joint(stage, sigma, stage_start_batch)
+        return record
+
+    batch, fresh = stage_start_batch, True
+    for i, role in enumerate(sigma, start=1):
+        fresh_batch = stage_start_batch if i == 1 else None
+        if i > 1:
+            resample = cfg.kind == "teamtr" and (i - 1) % cfg.resample_every == 0
+            if resample or cfg.diagnose_stale_gap:
+                fresh_batch = team.rollout(stage, i - 1)  # rollouts of pi^(i-1)
+                record.rollouts += 1
+            # without a resample the batch comes from a team older than pi^(i-1): stale
+            batch, fresh = (fresh_batch, True) if resample else (batch, False)
+        ctx = UpdateContext(
+            stage=stage,
+            index=i,
+            role=role,
+            batch=batch,
+            stage_start_batch=stage_start_batch,
+            fresh=fresh,
+            reweight=cfg.kind == "importance_weighting" and i > 1,
+            fresh_batch=fresh_batch,
+        )
+        record.updates.append(team.update(ctx))
+    return record
