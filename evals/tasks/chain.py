@@ -1,9 +1,10 @@
 """Chain arithmetic: the demo task. n roles add a running sum one operand each.
 
-The task `12+7+30+5` is solved in turns: role 1 writes `12+7=19`, role 2 writes `19+30=49`, role 3
-writes `49+5=54`. Each role's job (copy the previous result, add the next operand) is learnable by a
-1M-parameter model, and every later role acts on the context the earlier ones produced: when an earlier
-role changes, the later roles see different contexts (the occupancy shift TeamTR is about).
+The task `12+7+30+5` is solved in turns, each role reducing the previous line by one addition: role 1
+writes `19+30+5`, role 2 writes `49+5`, role 3 writes `54`, the team's final answer. Each role's job
+(add the first two numbers, copy the rest) is local and learnable by a 1M-parameter model, and every
+later role acts on the context the earlier ones produced: when an earlier role changes, the later roles
+see different contexts (the occupancy shift TeamTR is about).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 
 from teamtr.evals.task import TaskInstance
 
-_LAST_EQ = re.compile(r"=\s*(-?\d+)\s*$")
+_INTEGER = re.compile(r"-?\d+")
 
 
 class ChainArithmetic:
@@ -47,12 +48,13 @@ class ChainArithmetic:
     @staticmethod
     def demonstration(operands: list[int], step: int) -> str:
         """The correct message of the role that performs addition number `step` (1-based)."""
-        partial = sum(operands[:step])
-        return f"{partial}+{operands[step]}={partial + operands[step]}"
+        return "+".join(map(str, [sum(operands[: step + 1]), *operands[step + 1 :]]))
 
     def extract_answer(self, response: str) -> str | None:
-        m = _LAST_EQ.search(response.strip())
-        return m.group(1) if m else None
+        """The final message must be one integer: the fully reduced sum."""
+        lines = response.strip().splitlines()
+        last = lines[-1].strip() if lines else ""
+        return last if _INTEGER.fullmatch(last) else None
 
     def verify(self, instance: TaskInstance, response: str) -> float:
         ans = self.extract_answer(response)
