@@ -49,7 +49,12 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
-    """One or more base models, each with named LoRA adapters (None = the base / reference policy)."""
+    """One or more base models, each with named LoRA adapters (None = the base / reference policy).
+
+    Adapter names are engine-level names. Serving pins versions by loading each version under its own
+    name (e.g. `solver@v4`) so in-flight episodes finish on the version they started with; training
+    updates one live adapter in place and the engine counts its versions (`adapter_version`).
+    """
 
     def tokenizer(self, base: str = DEFAULT_BASE):  # -> transformers.PreTrainedTokenizerBase
         ...
@@ -66,6 +71,12 @@ class Engine(Protocol):
         sampling: SamplingParams,
         base: str = DEFAULT_BASE,
     ) -> Generation: ...
+
+    async def load_adapter(self, name: str, path: str, base: str = DEFAULT_BASE) -> None:
+        """Load (or replace in place) a peft LoRA adapter directory under `name`; bumps its version."""
+        ...
+
+    async def unload_adapter(self, name: str, base: str = DEFAULT_BASE) -> None: ...
 
     def score(
         self,
