@@ -1,0 +1,289 @@
+"""A team of role agents as a LangGraph `StateGraph` whose state is the shared transcript.
+
+    START --route--> role_1 --route--> role_2 --route--> ... --route--> END
+
+Turn-taking: exactly one role acts per step; `route` asks the router which role speaks next (round-robin
+by default, or any function of the state you write, like a LangGraph conditional edge), ends the episode
+at the max-turn guard or when the final-answer rule fires. Each role calls a langchain-core chat model:
+the engine-backed `EngineChatModel` (which records token ids and log-probs for training) or any other
+LangChain chat model, e.g. `ChatOpenAI` pointed at a vLLM server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import operator
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from teamtr.evals.task import TaskInstance
+from teamtr.graphs.chat_model import METADATA_KEY, EngineChatModel
+from teamtr.graphs.roles import Role, role_messages
+from teamtr.graphs.trajectory import Trajectory, Turn
+
+
+class TeamState(TypedDict):
+    """The shared context: the task and every message so far (each with its turn record)."""
+
+    task: str
+    transcript: Annotated[list[dict[str, Any]], operator.add]  # {"role", "text", "turn"}
+    final: str | None
+
+
+Router = Callable[[TeamState], str]  # returns the next role's name, or END
+
+
+class RoundRobin:
+    """Roles speak in their declared order, `rounds` times around."""
+
+    def __init__(self, rounds: int = 1) -> None:
+        if rounds < 1:
+            raise ValueError("rounds must be >= 1")
+        self.rounds = rounds
+        self.order: list[str] = []
+
+    def __call__(self, state: TeamState) -> str:
+        k = len(state["transcript"])
+        return self.order[k % len(self.order)] if k < self.rounds * len(self.order) else END
+
+
+class TeamError(ValueError):
+    """A malformed team, reported when it is built."""
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 63-bit seed from any parts (Python's hash() is salted per process)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class Team:
+    """Roles + router -> a compiled LangGraph; `arun` / `rollout` produce `Trajectory`s.
+
+    models: one chat model per role name. `Team.from_engine` builds them from an engine.
+    router: RoundRobin (default) or a function of the state returning a role name or END; a custom
+        router must say where it can go (`destinations`, or a `Literal[...]` return annotation) so a
+        wrong name is caught when the team is built.
+    max_turns: guard against routers that never end (default: rounds x roles for round-robin, else 16).
+    is_final: final-answer rule; a message for which it returns True ends the episode. Without it the
+        final answer is the last message.
+    """
+
+    roles: Sequence[Role]
+    models: dict[str, BaseChatModel]
+    router: Router | None = None
+    destinations: Sequence[str] | None = None
+    max_turns: int | None = None
+    is_final: Callable[[str], bool] | None = None
+    name: str = "team"
+    graph: CompiledStateGraph = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.roles = list(self.roles)
+        names = [r.name for r in self.roles]
+        if not names:
+            raise TeamError("a team needs at least one role")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise TeamError(f"duplicate role names: {dupes}")
+        missing = [n for n in names if n not in self.models]
+        if missing:
+            raise TeamError(f"no chat model for roles {missing}")
+        if self.router is None:
+            self.router = RoundRobin()
+        if isinstance(self.router, RoundRobin):
+            self.router.order = names
+            self.destinations = names
+            self.max_turns = self.max_turns or self.router.rounds * len(names)
+        else:
+            self.destinations = list(self.destinations or _literal_destinations(self.router) or [])
+            if not self.destinations:
+                raise TeamError(
+                    "a custom router must declare where it can route: pass destinations=[...] or annotate "
+                    "its return type as Literal['role_a', 'role_b', END]"
+                )
+            self.max_turns = self.max_turns or 16
+        unknown = [d for d in self.destinations if d not in names and d != END]
+        if unknown:
+            raise TeamError(f"router names unknown roles {unknown}; roles are {names}")
+        if self.max_turns < 1:
+            raise TeamError("max_turns must be >= 1")
+        self.graph = self._build()
+
+    @classmethod
+    def from_engine(cls, roles: Sequence[Role], engine: Any, **kwargs: Any) -> Team:
+        """Every role speaks through `engine` with its own adapter, base model and sampling settings."""
+        models = {
+            r.name: EngineChatModel(
+                engine=engine, adapter=r.adapter, base_model=r.base_model, sampling=r.sampling
+            )
+            for r in roles
+        }
+        return cls(roles=roles, models=models, **kwargs)
+
+    def role(self, name: str) -> Role:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    # ---- the graph ----------------------------------------------------------------------------------
+
+    def _route(self, state: TeamState) -> str:
+        if state.get("final") is not None or len(state["transcript"]) >= self.max_turns:
+            return END
+        nxt = self.router(state)
+        if nxt != END and nxt not in self.models:
+            raise TeamError(f"router returned unknown role {nxt!r}")
+        return nxt
+
+    def _node(self, role: Role) -> Callable:
+        model = self.models[role.name]
+
+        async def act(state: TeamState, config: RunnableConfig) -> dict:
+            conf = config.get("configurable", {})
+            messages = role_messages(
+                role, state["task"], [(e["role"], e["text"]) for e in state["transcript"]]
+            )
+            kwargs: dict[str, Any] = {}
+            if isinstance(model, EngineChatModel):
+                pin = conf.get("adapter_pins", {}).get(role.name)
+                if pin is not None:  # serving: this episode keeps the adapter version it started with
+                    kwargs.update(engine_adapter=pin[0], adapter_version=pin[1], adapter_label=role.adapter)
+                if conf.get("seed") is not None:
+                    kwargs["seed"] = derive_seed(conf["seed"], len(state["transcript"]))
+            reply = await model.ainvoke(messages, **kwargs)
+            text = reply.text if isinstance(reply.text, str) else str(reply.content)
+            turn = _turn_record(role, reply)
+            final = text if self.is_final is not None and self.is_final(text) else None
+            return {"transcript": [{"role": role.name, "text": text, "turn": turn}], "final": final}
+
+        return act
+
+    def _build(self) -> CompiledStateGraph:
+        g = StateGraph(TeamState)
+        for r in self.roles:
+            g.add_node(r.name, self._node(r))
+        path_map = [*self.destinations, END]
+        g.add_conditional_edges(START, self._route, path_map)
+        for r in self.roles:
+            g.add_conditional_edges(r.name, self._route, path_map)
+        return g.compile(name=self.name)
+
+    # ---- running episodes ---------------------------------------------------------------------------
+
+    async def arun(
+        self,
+        task: TaskInstance | str,
+        *,
+        verifier: Any | None = None,
+        seed: int | None = None,
+        adapter_pins: dict[str, tuple[str, int]] | None = None,
+        group_id: str = "",
+        config: dict[str, Any] | None = None,
+    ) -> Trajectory:
+        """One episode. `verifier` (a TaskFamily) scores the final answer into the reward."""
+        instance = (
+            task if isinstance(task, TaskInstance) else TaskInstance(id="adhoc", prompt=task, answer=None)
+        )
+        cfg = dict(config or {})
+        cfg["configurable"] = {
+            **cfg.get("configurable", {}),
+            "seed": seed,
+            "adapter_pins": adapter_pins or {},
+        }
+        cfg.setdefault("recursion_limit", self.max_turns + 8)
+        state = await self.graph.ainvoke(
+            {"task": instance.prompt, "transcript": [], "final": None}, config=cfg
+        )
+        transcript = state["transcript"]
+        final = state.get("final")
+        if final is None and transcript:
+            final = transcript[-1]["text"]
+        reward = float(verifier.verify(instance, final or "")) if verifier is not None else 0.0
+        return Trajectory(
+            task_id=instance.id,
+            group_id=group_id or instance.id,
+            turns=[e["turn"] for e in transcript],
+            reward=reward,
+            final_answer=final,
+            metadata={"team": self.name, "seed": seed},
+        )
+
+    async def rollout(
+        self,
+        tasks: Sequence[TaskInstance],
+        *,
+        group_size: int = 1,
+        verifier: Any | None = None,
+        seed: int | None = None,
+        adapter_pins: dict[str, tuple[str, int]] | None = None,
+        max_concurrency: int | None = None,
+    ) -> list[Trajectory]:
+        """`group_size` episodes per task, all in flight at once (the engine batches their turns).
+
+        Trajectories come back grouped by task, in task order; seeded runs are reproducible."""
+        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+        async def one(i: int, g: int) -> Trajectory:
+            ep_seed = None if seed is None else derive_seed(seed, i, g)
+            if gate is None:
+                return await self.arun(
+                    tasks[i], verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins, group_id=tasks[i].id
+                )
+            async with gate:
+                return await self.arun(
+                    tasks[i], verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins, group_id=tasks[i].id
+                )
+
+        return list(await asyncio.gather(*(one(i, g) for i in range(len(tasks)) for g in range(group_size))))
+
+    def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
+        """Synchronous `rollout` for scripts and notebooks without an event loop."""
+        return asyncio.run(self.rollout(tasks, **kwargs))
+
+
+def _turn_record(role: Role, reply: Any) -> Turn:
+    meta = reply.response_metadata.get(METADATA_KEY)
+    if meta is None:  # a plain LangChain chat model: text only, nothing to train on
+        return Turn(
+            role=role.name,
+            adapter=role.adapter,
+            adapter_version=0,
+            prompt_ids=[],
+            completion_ids=[],
+            logprobs=[],
+            text=str(reply.content),
+            base_model=role.base_model,
+        )
+    return Turn(
+        role=role.name,
+        adapter=meta["adapter"],
+        adapter_version=meta["adapter_version"],
+        prompt_ids=meta["prompt_ids"],
+        completion_ids=meta["completion_ids"],
+        logprobs=meta["logprobs"],
+        text=meta["text"],
+        base_model=meta["base_model"],
+    )
+
+
+def _literal_destinations(router: Callable) -> list[str] | None:
+    """Destinations from a `-> Literal["a", "b", END]` annotation, as LangGraph itself reads them."""
+    try:
+        hints = typing.get_type_hints(router)
+    except Exception:
+        return None
+    ret = hints.get("return")
+    if typing.get_origin(ret) is typing.Literal:
+        return [str(a) for a in typing.get_args(ret)]
+    return None
