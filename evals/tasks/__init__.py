@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from teamtr.evals.task import TaskFamily
+from teamtr.evals.tasks.arbench import Arbench
+from teamtr.evals.tasks.autologi import Autologi
+from teamtr.evals.tasks.blocksworld import Blocksworld
 from teamtr.evals.tasks.chain import ChainArithmetic
+from teamtr.evals.tasks.countdown import Countdown
+from teamtr.evals.tasks.split import Split
+from teamtr.evals.tasks.zebra import Zebra
 
 _FAMILIES: dict[str, type] = {
     ChainArithmetic.name: ChainArithmetic,
+    Countdown.name: Countdown,
+    Zebra.name: Zebra,
+    Autologi.name: Autologi,
+    Blocksworld.name: Blocksworld,
+    Arbench.name: Arbench,
+    Split.name: Split,
 }
 
 

@@ -1,0 +1,103 @@
+"""Split information: each role holds one lookup table; only the team together can answer.
+
+The coordination family. A start symbol is followed through `hops` tables (`a2>b1` maps a2 to b1);
+table i is private to role i, so role i must read the symbol the previous role wrote, look it up in its
+own table and pass the result on; the last role's message is the answer. No role can skip another:
+it rewards exactly the hand-offs a team must learn, and a role that learns to write its result in the
+form the next role reads improves the team.
+
+    public prompt (every role):  start a2, 3 tables
+    role 1's view: a1>b3 a2>b1 a3>b2     role 2's view: b1>c2 ...     role 3's view: c2>d1 ...
+    answer: d1
+
+Optional hooks (not part of the TaskFamily protocol): `role_view(instance, i)` is the private text of
+role i, which a team graph appends to that role's context; `full_prompt(instance)` is the prompt with
+every table, for a single model (the best-of-N baseline) that plays all roles at once;
+`demonstration(instance, i)` is the correct message of role i (warm-start data).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from teamtr.evals.task import TaskInstance
+from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+
+_SYMBOL = re.compile(r"[a-z]\d+")
+
+
+@dataclass(frozen=True)
+class SplitDifficulty:
+    """Defaults: 3 hops (one per role of a 3-role team), tables of 3 entries. hops=1 is very easy."""
+
+    hops: int = 3
+    size: int = 3  # entries per table
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hops <= 25 or not 1 <= self.size <= 9:
+            raise ValueError("split: hops must be in 1..25 and size in 1..9")
+
+
+def _symbol(layer: int, k: int) -> str:
+    return f"{chr(ord('a') + layer)}{k}"
+
+
+class Split:
+    name = "split"
+    description = "pointer chase through per-role private tables (split information; coordination)"
+
+    def __init__(self, **defaults: int) -> None:
+        self.defaults = SplitDifficulty(**defaults)
+
+    def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
+        check_knobs(self.name, difficulty, set(SplitDifficulty.__dataclass_fields__))
+        knobs = SplitDifficulty(**{**self.defaults.__dict__, **difficulty})
+        out = []
+        for i in range(n):
+            rng = seeded_rng(self.name, seed, knobs, i)
+            tables = []
+            for layer in range(knobs.hops):
+                targets = list(range(1, knobs.size + 1))
+                rng.shuffle(targets)
+                tables.append({_symbol(layer, k + 1): _symbol(layer + 1, t) for k, t in enumerate(targets)})
+            start = _symbol(0, rng.randint(1, knobs.size))
+            path = [start]
+            for table in tables:
+                path.append(table[path[-1]])
+            views = [
+                " ".join(f"{a}>{b}" for a, b in sorted(t.items(), key=lambda kv: rng.random()))
+                for t in tables
+            ]
+            out.append(
+                TaskInstance(
+                    id=f"{self.name}-{seed}-{i}",
+                    prompt=f"start {start}, {knobs.hops} tables",
+                    answer=path[-1],
+                    difficulty=f"hops={knobs.hops},size={knobs.size}",
+                    meta={"views": views, "path": path},
+                )
+            )
+        return out
+
+    @staticmethod
+    def role_view(instance: TaskInstance, role_index: int) -> str:
+        """Role i's private table (0-based; roles beyond the number of tables see nothing)."""
+        views = instance.meta["views"]
+        return views[role_index] if role_index < len(views) else ""
+
+    @staticmethod
+    def full_prompt(instance: TaskInstance) -> str:
+        return instance.prompt + "\n" + "\n".join(instance.meta["views"])
+
+    @staticmethod
+    def demonstration(instance: TaskInstance, role_index: int) -> str:
+        return instance.meta["path"][role_index + 1]
+
+    def extract_answer(self, response: str) -> str | None:
+        line = last_line(response)
+        symbols = _SYMBOL.findall(line or "")
+        return symbols[-1] if symbols and line == symbols[-1] else None
+
+    def verify(self, instance: TaskInstance, response: str) -> float:
+        return float(self.extract_answer(response) == instance.answer)
