@@ -129,6 +129,7 @@ class EmbeddedEngine:
         self._pending: dict[str, list[_Request]] = {b: [] for b in self._bases}
         self._workers: dict[str, asyncio.Task] = {}
         self.forward_batches = 0  # decoding forward passes run (a batched step counts once)
+        self.decode_batches = 0  # batches of generate calls decoded together
         self.generate_calls = 0
         for name, path in (adapters or {}).items():
             if path is None:
@@ -362,6 +363,7 @@ class EmbeddedEngine:
         """Batched sampling with a KV cache; rows are left-padded, each row keeps its own settings."""
         tok = b.tokenizer
         n = len(batch)
+        self.decode_batches += 1
         width = max(len(r.prompt_ids) for r in batch)
         ids = torch.full((n, width), tok.pad_token_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
