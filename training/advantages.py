@@ -1,0 +1,86 @@
+"""ADV step of Algorithm 1: bounded group-normalised advantages (TEAMTR.md section 3).
+
+For the G episodes of one prompt with team returns R_1..R_G:
+
+    A_g = clip((R_g - mean(R)) / sqrt(var(R) + eps), -A_clip, +A_clip)
+
+broadcast to every token of the updated agent's messages in episode g. The estimator-mismatch terms the
+certificate needs (zeta_clip, zeta_norm) are measured on the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Advantages:
+    """Per-episode advantages of one rollout batch, with what the certificate needs about them."""
+
+    values: np.ndarray  # A_g, clipped (what enters the loss)
+    unclipped: np.ndarray  # before the +-A_clip clip
+    keep: np.ndarray  # bool: episode is used (dynamic sampling drops zero-spread groups)
+    zeta_clip: float  # mean |A_unclipped - A| over kept episodes: bias of the advantage clip
+    zeta_norm: float  # mean |A_loo - A_unclipped|: finite-G bias of the in-group baseline
+    a_max: float  # the bound on |A| (A_clip, or the observed max when clipping is off)
+
+
+def group_normalised_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[str],
+    *,
+    adv_clip: float = 3.0,
+    eps: float = 1e-6,
+    normalise: bool = True,
+    clip: bool = True,
+    drop_zero_spread: bool = False,
+) -> Advantages:
+    """Bounded group-normalised advantage of every episode (groups = prompt ids; G = group size).
+
+    normalise=False keeps A = R - mean (ablation "no group normalisation"); clip=False skips the clip.
+    drop_zero_spread (DAPO's dynamic sampling) marks groups whose rewards are all equal as unused.
+    """
+    rewards_arr = np.asarray(rewards, dtype=np.float64)
+    if rewards_arr.ndim != 1 or len(rewards_arr) != len(groups):
+        raise ValueError("rewards and groups must be 1-D and of equal length")
+    members: dict[str, list[int]] = defaultdict(list)
+    for idx, g in enumerate(groups):
+        members[g].append(idx)
+
+    unclipped = np.zeros_like(rewards_arr)
+    loo_gap = np.zeros_like(rewards_arr)
+    keep = np.ones(len(rewards_arr), dtype=bool)
+    for idx in members.values():
+        r = rewards_arr[idx]
+        centred = r - r.mean()  # R_g - mean(R)
+        scale = np.sqrt(r.var() + eps) if normalise else 1.0  # sqrt(var + eps) (population variance)
+        unclipped[idx] = centred / scale
+        # Leave-one-out baseline: R_g - mean_{-g}(R) = G/(G-1) (R_g - mean). The in-group mean biases the
+        # advantage by the difference; it is zero in the G -> infinity limit.
+        size = len(idx)
+        loo_gap[idx] = np.abs(centred / scale) / (size - 1) if size > 1 else 0.0
+        if drop_zero_spread and np.all(r == r[0]):
+            keep[idx] = False
+
+    values = np.clip(unclipped, -adv_clip, adv_clip) if clip else unclipped.copy()
+    a_max = adv_clip if clip else float(np.max(np.abs(unclipped), initial=0.0))
+    kept = keep.any()
+    return Advantages(
+        values=values,
+        unclipped=unclipped,
+        keep=keep,
+        zeta_clip=float(np.mean(np.abs(unclipped - values)[keep])) if kept else 0.0,
+        zeta_norm=float(np.mean(loo_gap[keep])) if kept else 0.0,
+        a_max=a_max,
+    )
+
+
+def batch_normalised_advantages(
+    rewards: Sequence[float], *, adv_clip: float = 3.0, eps: float = 1e-6
+) -> Advantages:
+    """PPO-style baseline without groups: the whole batch is one group."""
+    return group_normalised_advantages(rewards, ["batch"] * len(rewards), adv_clip=adv_clip, eps=eps)

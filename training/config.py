@@ -1,0 +1,206 @@
+"""One typed configuration for a TeamTR run, with documented defaults, loadable from YAML.
+
+    cfg = TrainConfig.from_yaml("examples/teamtr.yaml")
+
+Every field has a default; a YAML file names only what it changes. Unknown keys are an error (a typo
+must not silently fall back to a default). The schedule is `training/stage.py`'s `ScheduleConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from teamtr.training.stage import ScheduleConfig
+
+LossKind = Literal["teamtr", "ppo", "grpo", "dapo"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskConfig(_Strict):
+    """Which task family the team solves and how training / held-out prompts are drawn."""
+
+    name: str = "chain"  # a name in teamtr.evals.tasks
+    options: dict[str, Any] = Field(default_factory=dict)  # constructor options of the task family
+    train_seed: int = 1  # prompts for rollouts come from this generator seed ...
+    eval_seed: int = 2_000_003  # ... held-out evaluation prompts from a disjoint one
+
+
+class TeamConfig(_Strict):
+    """The team being trained: a factory `module:function` returning the list of `Role`s (router:
+    round-robin in role order, as in graphs/team.py), and the base model every role's adapter sits on."""
+
+    roles: str = "teamtr.training.warmstart:chain_roles"
+    model: str | None = None  # base model directory; None = the cached warm-started demo model
+    lora_rank: int = 8
+    lora_alpha: int = 16
+
+
+class RolloutConfig(_Strict):
+    """ROLLOUT step of Algorithm 1: B prompts x G episodes of the current intermediate team."""
+
+    prompts_per_update: int = Field(16, ge=1)  # B
+    group_size: int = Field(8, ge=2)  # G: episodes per prompt (group-normalised advantages need >= 2)
+    temperature: float = Field(1.0, gt=0)  # behaviour policy = pi at this temperature
+    max_new_tokens: int = Field(16, ge=1)
+
+
+class LossConfig(_Strict):
+    """The surrogate and the advantage estimator.
+
+    teamtr  message-level ratio exp(sum_u log pi_new/pi_cur), mean over messages (TEAMTR.md eq. 10)
+    ppo     per-token ratio, token mean per message, batch-normalised advantages (no groups)
+    grpo    per-token ratio, token mean per message, group-normalised advantages
+    dapo    per-token ratio, clip-higher (eps_high 0.28), drop zero-spread groups, token-level mean
+    """
+
+    kind: LossKind = "teamtr"
+    clip_eps: float = Field(0.2, gt=0)  # eps: ratio clipped to [1 - eps, 1 + eps_high]
+    clip_eps_high: float | None = None  # None = clip_eps (dapo defaults it to 0.28)
+    adv_clip: float = Field(3.0, gt=0)  # A_clip = A_max of the certificate
+    adv_eps: float = Field(1e-6, gt=0)  # eps in sqrt(var + eps)
+    group_normalise: bool = True  # False: A = R - group mean (ablation "no group normalisation")
+    clip_advantages: bool = True  # False: ablation "no advantage clip" (A_max is then the observed max)
+    dynamic_sampling: bool | None = None  # drop groups with zero reward spread; None = (kind == dapo)
+
+    @model_validator(mode="after")
+    def _variant_defaults(self) -> LossConfig:
+        if self.clip_eps_high is None:
+            self.clip_eps_high = 0.28 if self.kind == "dapo" else self.clip_eps
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = self.kind == "dapo"
+        return self
+
+    @property
+    def message_ratio(self) -> bool:
+        return self.kind == "teamtr"
+
+    @property
+    def token_level_aggregation(self) -> bool:
+        return self.kind == "dapo"
+
+
+class OptimConfig(_Strict):
+    """OPTIMISE step: inner epochs of AdamW over minibatches of the role's messages (one optimizer per
+    adapter: a shared one would move inactive adapters through their momentum)."""
+
+    lr: float = Field(2e-4, gt=0)
+    epochs: int = Field(4, ge=1)  # inner epochs over the update's batch
+    minibatch_messages: int = Field(64, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class TrustRegionConfig(_Strict):
+    """MONITOR step: keep d_hat_i = mean over messages of sum_u log(pi_cur/pi_new) <= delta (eq. 11).
+
+    adaptive penalty: beta *= beta_factor when d_hat > delta * 1.5, /= beta_factor when d_hat < delta / 1.5
+    early stop:      stop the inner epochs as soon as d_hat exceeds delta
+    backtracking:    an update that ends outside delta is undone (adapter restored exactly) and retried
+                     with lr / 2 and beta * 2, at most `max_backtracks` times; then it is rejected
+    """
+
+    enabled: bool = True  # False: ablation "no trust region" (d_hat still measured and logged)
+    delta: float = Field(0.01, gt=0)
+    per_token: bool = False  # True: the constraint is on the per-token mean instead of the message sum
+    penalty: Literal["adaptive", "fixed", "none"] = "adaptive"
+    beta_init: float = Field(1.0, ge=0)
+    beta_factor: float = Field(2.0, gt=1)
+    beta_min: float = 1e-3
+    beta_max: float = 1e3
+    early_stop: bool = True
+    max_backtracks: int = Field(3, ge=0)  # K
+
+
+class CertificateConfig(_Strict):
+    """Constants of the certificate proxy C = sum_i [L_hat_i - c sqrt(d_hat_i) - zeta_hat_i / (1-gamma)],
+    c = sqrt(2) gamma A_max / (1-gamma)^2. A diagnostic: with gamma near 1 the absolute bound is vacuous."""
+
+    gamma: float = Field(0.5, gt=0, lt=1)
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation: team return before/after every stage (realised improvement)."""
+
+    stage_episodes: int = Field(128, ge=0)  # per-stage realised-improvement batch (0 = skip)
+    final_episodes: int = Field(300, ge=1)  # before/after of the whole run
+    temperature: float = Field(0.0, ge=0)  # 0 = greedy, how a served team answers
+
+
+class TrainConfig(_Strict):
+    """A whole run. `run_dir` receives config.yaml, metrics.jsonl, TensorBoard events, adapters/ and
+    the resume checkpoint."""
+
+    seed: int = 0
+    stages: int = Field(6, ge=1)
+    run_dir: str = "runs/teamtr"
+    torch_threads: int = Field(1, ge=1)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    team: TeamConfig = Field(default_factory=TeamConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    trust_region: TrustRegionConfig = Field(default_factory=TrustRegionConfig)
+    certificate: CertificateConfig = Field(default_factory=CertificateConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> ScheduleConfig:
+        if isinstance(v, ScheduleConfig):
+            return v
+        if not isinstance(v, dict):
+            raise ValueError("schedule must be a mapping (kind, resample_every, order, diagnose_stale_gap)")
+        known = set(ScheduleConfig.__dataclass_fields__)
+        unknown = set(v) - known
+        if unknown:
+            raise ValueError(f"unknown schedule keys {sorted(unknown)}; known: {sorted(known)}")
+        return ScheduleConfig(**v)
+
+    # --- I/O -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = self.model_dump(exclude={"schedule"})
+        d["schedule"] = asdict(self.schedule)
+        return d
+
+    def to_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        return cls.model_validate(d)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the top level must be a mapping")
+        return cls.from_dict(merge(data, overrides or {}))
+
+    def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
+        return TrainConfig.from_dict(merge(self.to_dict(), overrides))
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; dotted keys ('loss.kind') address nested fields."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            out[head] = merge(out.get(head) or {}, {rest: value})
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
