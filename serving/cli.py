@@ -1,0 +1,432 @@
+"""`teamtr serve`, `teamtr adapters push|rollback|list`, `teamtr traces to-trajectories`.
+
+`serve RUN_DIR` serves the team a training run trained: its config.yaml names the roles factory and the
+base model, its adapters/<adapter>/v<N>/ directories the adapter versions (the newest of each goes
+live). `serve CONFIG.yaml` takes a `ServeConfig` (several teams, keys, tracing), e.g.:
+
+    model: runs/demo/model            # base model directory (omit: the cached warm-started demo model)
+    teams:
+      chain:
+        roles: teamtr.graphs.chain_team:chain_roles
+        run_dir: runs/demo
+    admin_key: change-me
+    api_keys: [sk-team-1]
+    tracing: {sqlite_path: traces.db, otlp_endpoint: http://127.0.0.1:6006/v1/traces}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import typer
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+
+from teamtr.graphs.roles import Role
+from teamtr.graphs.team import Team
+from teamtr.serving.app import ServedTeam, ServeSettings, create_app
+from teamtr.serving.registry import AdapterRegistry, version_dirs
+from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
+
+console = Console(stderr=True)
+
+
+class TeamSpec(BaseModel):
+    """One served team."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    roles: str = "teamtr.graphs.chain_team:chain_roles"  # `module:function` returning list[Role]
+    run_dir: str | None = None  # where adapters/<adapter>/v<N>/ live; the newest version is served
+    adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
+    temperature: float | None = Field(0.0, ge=0)  # every role samples at this temperature; None: as declared
+
+
+class TracingSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sqlite_path: str | None = "traces.db"  # relative paths: under the run directory (or the cwd)
+    otlp_endpoint: str | None = None
+    capture_tokens: bool = True
+
+
+class ServeConfig(BaseModel):
+    """Everything `teamtr serve` needs; a YAML file names only what it changes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None  # base model directory; None: the cached warm-started demo model
+    teams: dict[str, TeamSpec]
+    engine: Literal["embedded", "vllm"] = "embedded"
+    vllm_url: str | None = None  # attach to this vLLM server instead of launching one
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: list[str] = Field(default_factory=list)
+    admin_key: str | None = None
+    max_prompt_tokens: int | None = None  # None: a quarter of the model's context length
+    max_body_bytes: int = 1_000_000
+    torch_threads: int = Field(1, ge=1)
+    tracing: TracingSpec = Field(default_factory=TracingSpec)
+    base_dir: str = "."  # relative paths resolve here (a run directory, or the config file's folder)
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path, team_name: str | None = None, **overrides: Any) -> ServeConfig:
+        run_dir = Path(run_dir)
+        cfg_file = run_dir / "config.yaml"
+        team_cfg = (yaml.safe_load(cfg_file.read_text()) or {}).get("team", {}) if cfg_file.is_file() else {}
+        spec = TeamSpec(run_dir=str(run_dir), **({"roles": team_cfg["roles"]} if "roles" in team_cfg else {}))
+        name = team_name or run_dir.resolve().name
+        return cls(model=team_cfg.get("model"), teams={name: spec}, base_dir=str(run_dir), **overrides)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> ServeConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        data.setdefault("base_dir", str(Path(path).parent))
+        return cls(**{**data, **overrides})
+
+    def path(self, p: str) -> Path:
+        return Path(p) if Path(p).is_absolute() else Path(self.base_dir) / p
+
+
+def load_roles(factory: str) -> list[Role]:
+    module, _, attr = factory.partition(":")
+    if not attr:
+        raise ValueError(f"roles {factory!r}: expected 'module:function'")
+    roles = getattr(importlib.import_module(module), attr)()
+    if not roles or not all(isinstance(r, Role) for r in roles):
+        raise ValueError(f"roles {factory!r} did not return a list of Role")
+    return list(roles)
+
+
+def with_temperature(roles: list[Role], temperature: float | None) -> list[Role]:
+    if temperature is None:
+        return roles
+    return [
+        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
+        for r in roles
+    ]
+
+
+def model_dir(config: ServeConfig) -> Path:
+    if config.model is not None:
+        return config.path(config.model)
+    from teamtr.training.warmstart import ensure_warm_model
+
+    return Path(ensure_warm_model())
+
+
+def context_length(model: Path) -> int:
+    try:
+        return int(json.loads((model / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, KeyError, ValueError):
+        return 2048
+
+
+@dataclass
+class Server:
+    """A built server: the FastAPI app and what it runs on (closed by `aclose`)."""
+
+    app: Any
+    engine: Any
+    registry: AdapterRegistry
+    tracer: TeamTracer | None
+    teams: dict[str, ServedTeam]
+    vllm_server: Any = None
+
+    async def aclose(self) -> None:
+        if self.tracer is not None:
+            self.tracer.shutdown()
+        close = getattr(self.engine, "aclose", None)
+        if close is not None:
+            await close()
+        if self.vllm_server is not None and getattr(self.vllm_server, "process", None) is not None:
+            self.vllm_server.stop()
+
+
+def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> tuple[Any, Any]:
+    """(engine, vLLM server handle or None) for the configured engine."""
+    if config.engine == "embedded":
+        from teamtr.serving.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(model, threads=config.torch_threads), None
+    from teamtr.serving.vllm_engine import VLLMEngine
+    from teamtr.serving.vllm_server import attach_vllm_server, start_vllm_server
+
+    if config.vllm_url:
+        server = attach_vllm_server(config.vllm_url, model_dir=str(model))
+    else:
+        server = start_vllm_server(model, max_lora_rank=max_lora_rank)
+    return VLLMEngine.single(server), server
+
+
+async def build_server(config: ServeConfig, engine: Any | None = None, on_trajectory: Any = None) -> Server:
+    """Engine, registry with each role's newest adapter version live, teams, tracer, app."""
+    model = model_dir(config)
+    vllm_server = None
+    if engine is None:
+        engine, vllm_server = build_engine(config, model)
+    registry = AdapterRegistry(engine)
+    teams: dict[str, ServedTeam] = {}
+    for name, spec in config.teams.items():
+        roles = with_temperature(load_roles(spec.roles), spec.temperature)
+        for role in roles:
+            if role.adapter is None or role.adapter in registry.adapters():
+                continue
+            if role.adapter in spec.adapters:
+                await registry.push(
+                    role.adapter, config.path(spec.adapters[role.adapter]), base=role.base_model
+                )
+            elif spec.run_dir and version_dirs(config.path(spec.run_dir), role.adapter):
+                version, path = version_dirs(config.path(spec.run_dir), role.adapter)[-1]
+                await registry.push(role.adapter, path, version, base=role.base_model)
+            else:
+                raise ValueError(
+                    f"team {name!r}: no adapter for role {role.name!r} (looked for "
+                    f"{spec.run_dir}/adapters/{role.adapter}/v<N>/ and `adapters:` in the config)"
+                )
+        team = Team.from_engine(roles, engine, name=name)
+        teams[name] = ServedTeam(team, {r.name: r.adapter for r in roles if r.adapter is not None})
+    tracer = None
+    t = config.tracing
+    if t.sqlite_path is not None or t.otlp_endpoint:
+        tracing = TracingConfig(
+            sqlite_path=config.path(t.sqlite_path) if t.sqlite_path else None,
+            otlp_endpoint=t.otlp_endpoint,
+            capture_tokens=t.capture_tokens,
+        )
+        tracer = TeamTracer(build_tracer_provider(tracing), capture_tokens=t.capture_tokens)
+    settings = ServeSettings(
+        api_keys=tuple(config.api_keys),
+        admin_key=config.admin_key,
+        max_prompt_tokens=config.max_prompt_tokens or max(1, context_length(model) // 4),
+        max_body_bytes=config.max_body_bytes,
+    )
+    app = create_app(teams, registry, tracer, settings, on_trajectory=on_trajectory)
+    return Server(app, engine, registry, tracer, teams, vllm_server)
+
+
+# ---- commands ---------------------------------------------------------------------------------------
+
+app = typer.Typer(no_args_is_help=True)
+adapters_app = typer.Typer(
+    help="Promote, roll back and list adapter versions of a running server.", no_args_is_help=True
+)
+traces_app = typer.Typer(help="Stored traces -> training trajectories.", no_args_is_help=True)
+app.add_typer(adapters_app, name="adapters")
+app.add_typer(traces_app, name="traces")
+
+
+@app.command()
+def serve(
+    source: Path = typer.Argument(..., help="a training run directory, or a serve config YAML"),
+    engine: str = typer.Option(None, help="embedded | vllm (default: the config's, else embedded)"),
+    vllm_url: str = typer.Option(None, help="attach to this running vLLM server instead of launching one"),
+    host: str = typer.Option(None, help="bind address (default 127.0.0.1)"),
+    port: int = typer.Option(None, help="port (default 8000)"),
+    team_name: str = typer.Option(None, help="serve a run directory's team under this name"),
+    api_key: list[str] = typer.Option(None, help="accepted chat API key (repeatable; env TEAMTR_API_KEYS)"),
+    admin_key: str = typer.Option(None, envvar="TEAMTR_ADMIN_KEY", help="key of the /admin endpoints"),
+    otlp_endpoint: str = typer.Option(
+        None, help="also export spans by OTLP/HTTP, e.g. http://host:6006/v1/traces"
+    ),
+) -> None:
+    """Serve a team as an OpenAI-compatible chat API (model = team name)."""
+    overrides: dict[str, Any] = {}
+    for key, value in {
+        "engine": engine,
+        "vllm_url": vllm_url,
+        "host": host,
+        "port": port,
+        "admin_key": admin_key,
+    }.items():
+        if value is not None:
+            overrides[key] = value
+    keys = list(api_key or []) + [k for k in os.environ.get("TEAMTR_API_KEYS", "").split(",") if k]
+    if keys:
+        overrides["api_keys"] = keys
+    if vllm_url and not engine:
+        overrides["engine"] = "vllm"
+    if source.is_dir():
+        config = ServeConfig.from_run_dir(source, team_name, **overrides)
+    elif source.is_file():
+        config = ServeConfig.from_yaml(source, **overrides)
+    else:
+        raise typer.BadParameter(f"{source} is neither a run directory nor a config file")
+    if otlp_endpoint:
+        config.tracing.otlp_endpoint = otlp_endpoint
+    asyncio.run(_serve_forever(config))
+
+
+async def _serve_forever(config: ServeConfig) -> None:
+    import uvicorn
+
+    server = await build_server(config)  # built on the loop uvicorn then serves on (engine tasks, locks)
+    console.print(
+        f"serving teams {sorted(server.teams)} on http://{config.host}:{config.port} "
+        f"({config.engine} engine); adapters {server.registry.current_versions()}"
+    )
+    try:
+        await uvicorn.Server(uvicorn.Config(server.app, host=config.host, port=config.port)).serve()
+    finally:
+        await server.aclose()
+
+
+class BackgroundServer:
+    """A real uvicorn server on a free localhost port in a thread of its own (tests, benchmarks).
+
+    `call(coro_fn)` runs a coroutine on the server's event loop (e.g. a registry push)."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        engine: Any | None = None,
+        on_trajectory: Any = None,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.server: Server | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+        async def main() -> None:
+            self.loop = asyncio.get_running_loop()
+            try:
+                self.server = await build_server(config, engine=engine, on_trajectory=on_trajectory)
+                self._uvicorn = uvicorn.Server(
+                    uvicorn.Config(self.server.app, host="127.0.0.1", port=port, log_level="warning")
+                )
+            except BaseException as e:
+                self._error = e
+                self._ready.set()
+                raise
+            self._ready.set()
+            try:
+                await self._uvicorn.serve()
+            finally:
+                await self.server.aclose()
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        self._thread.start()
+        self._ready.wait(startup_timeout_s)
+        if self._error is not None:
+            raise RuntimeError(f"server failed to start: {self._error}") from self._error
+        deadline = time.monotonic() + 60
+        while not (self._uvicorn and self._uvicorn.started):
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.05)
+
+    def call(self, coro_fn: Any, *args: Any, timeout: float = 120.0, **kwargs: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro_fn(*args, **kwargs), self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        self._thread.join(60)
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _admin(url: str, key: str | None, method: str, path: str, body: dict | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.request(method, url.rstrip("/") + path, json=body, headers=headers, timeout=120)
+    except httpx.HTTPError as e:
+        raise typer.BadParameter(f"cannot reach {url}: {e}") from None
+    data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    if r.status_code >= 400:
+        console.print(f"[red]{r.status_code}: {data.get('error', {}).get('message', r.text)}")
+        raise typer.Exit(1)
+    return data
+
+
+_URL = typer.Option("http://127.0.0.1:8000", envvar="TEAMTR_URL", help="the running server")
+_KEY = typer.Option(None, envvar="TEAMTR_ADMIN_KEY", help="the server's admin key")
+
+
+@adapters_app.command("push")
+def adapters_push(
+    path: Path = typer.Argument(..., help="a peft adapter directory, or a run directory (with --role)"),
+    role: str = typer.Option(..., help="the adapter (role) to promote a version of"),
+    version: int = typer.Option(None, help="version number (default: from a v<N> directory, or next)"),
+    url: str = _URL,
+    admin_key: str = _KEY,
+) -> None:
+    """Validate and promote a new adapter version on a running server (the old one keeps serving if refused)."""
+    path = path.resolve()
+    if (path / "adapters").is_dir():
+        found = version_dirs(path, role)
+        if not found:
+            raise typer.BadParameter(f"{path} has no adapters/{role}/v<N>/ directories")
+        version_found, path = found[-1]
+        version = version or version_found
+    info = _admin(
+        url, admin_key, "POST", "/admin/adapters", {"role": role, "path": str(path), "version": version}
+    )
+    console.print(f"{role}: v{info['version']} is live ({info['engine_name']})")
+
+
+@adapters_app.command("rollback")
+def adapters_rollback(role: str = typer.Option(...), url: str = _URL, admin_key: str = _KEY) -> None:
+    """Serve the previously promoted version of a role's adapter again."""
+    info = _admin(url, admin_key, "POST", "/admin/adapters/rollback", {"role": role})
+    console.print(f"{role}: back on v{info['version']}")
+
+
+@adapters_app.command("list")
+def adapters_list(url: str = _URL, admin_key: str = _KEY) -> None:
+    """Every adapter version the server knows, which is live, and how many episodes use each."""
+    data = _admin(url, admin_key, "GET", "/admin/adapters")
+    table = Table("adapter", "version", "current", "loaded", "in flight", "path")
+    for role, versions in data["roles"].items():
+        for v in versions:
+            table.add_row(
+                role,
+                str(v["version"]),
+                "*" if v["current"] else "",
+                "yes" if v["live"] else "no",
+                str(v["in_flight"]),
+                v["path"],
+            )
+    Console().print(table)
+
+
+@traces_app.command("to-trajectories")
+def traces_to_trajectories(
+    db: Path = typer.Argument(..., help="the SQLite span store (traces.db)"),
+    out: Path = typer.Option(..., "--out", help="JSONL of Trajectory records, as training reads them"),
+    require_reward: bool = typer.Option(False, help="only episodes whose conversation got feedback"),
+) -> None:
+    """Stored spans + feedback rewards -> the Trajectory objects training consumes."""
+    from teamtr.graphs.trajectory import save_jsonl
+
+    if not db.is_file():
+        raise typer.BadParameter(f"no span store at {db}")
+    trajectories = trajectories_from_store(db, require_reward=require_reward)
+    save_jsonl(trajectories, out)
+    console.print(f"{len(trajectories)} trajectories -> {out}")

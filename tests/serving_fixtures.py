@@ -1,0 +1,48 @@
+"""Fixtures of the serving tests: a training-run directory with real saved adapter versions, a served team.
+
+The adapters are real peft LoRA directories written by the embedded engine's `save_adapter` (what the
+trainer writes after each accepted update), with seeded random non-zero weights so versions differ.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+
+from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+
+ROLES = ("adder1", "adder2", "adder3")
+ROLES_FACTORY = "teamtr.graphs.chain_team:chain_roles"
+
+
+def write_versions(
+    model_dir: Path, run_dir: Path, versions: range, roles: tuple[str, ...] = ROLES, rank: int = 4,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"), scale: float = 0.3,
+) -> Path:
+    """RUN_DIR/adapters/<role>/v<k>/ for k in `versions` (the layout the trainer writes)."""
+    engine = EmbeddedEngine(model_dir, adapters={r: None for r in roles}, threads=1,
+                            lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=target_modules))
+    for k in versions:
+        torch.manual_seed(1000 * k)
+        with torch.no_grad():
+            for r in roles:
+                for name, p in engine.adapter_parameters(r).items():
+                    if "lora_B" in name:
+                        p.normal_(0, scale)
+                engine.save_adapter(r, run_dir / "adapters" / r / f"v{k}")
+    return run_dir
+
+
+def make_run_dir(model_dir: Path, run_dir: Path, versions: int = 2) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump({"team": {"roles": ROLES_FACTORY, "model": str(model_dir)}})
+    )
+    return write_versions(model_dir, run_dir, range(1, versions + 1))
+
+
+def adapter_config(path: Path) -> dict:
+    return json.loads((path / "adapter_config.json").read_text())
