@@ -1,0 +1,138 @@
+"""`teamtr eval`: score a team (or a file of responses) on a task family or a real benchmark."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer()
+
+DEFAULT_SEED = 2_000_003  # the held-out seed of training's TaskConfig: eval prompts are never train prompts
+
+
+def _parse_knobs(pairs: list[str]) -> list[dict]:
+    """`-d houses=2,3 -d attributes=2` -> one knob dict per combination (a difficulty sweep)."""
+    axes: dict[str, list] = {}
+    for pair in pairs:
+        key, sep, values = pair.partition("=")
+        if not sep or not key or not values:
+            raise typer.BadParameter(f"difficulty {pair!r}: want KNOB=VALUE[,VALUE...]")
+        axes[key.strip()] = [
+            int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in values.split(",")
+        ]
+    return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())] or [{}]
+
+
+def _instances(task: str, limit: int, seed: int, knobs: list[dict], benchmarks_dir: Path | None):
+    from teamtr.evals.benchmarks import benchmark_names, load_benchmark
+    from teamtr.evals.tasks import get_task, task_names
+
+    if task in benchmark_names():
+        if knobs != [{}]:
+            raise typer.BadParameter("difficulty knobs apply to generated task families, not benchmark files")
+        family, instances = load_benchmark(task, benchmarks_dir)
+        return family, instances[:limit]
+    if task not in task_names():
+        known = ", ".join(task_names() + benchmark_names())
+        raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
+    family = get_task(task)
+    instances = []
+    for knob in knobs:
+        try:
+            instances += family.generate(limit, seed, **knob)
+        except (ValueError, TypeError) as e:
+            raise typer.BadParameter(str(e), param_hint="--difficulty") from e
+    return family, instances
+
+
+@app.command("eval")
+def eval_command(
+    team_or_run_dir: Annotated[
+        str | None, typer.Argument(help="'warm', a model directory, or a TeamTR run directory")
+    ] = None,
+    task: Annotated[str | None, typer.Option("--task", "-t", help="task family or benchmark name")] = None,
+    k: Annotated[int, typer.Option("-k", min=1, help="episodes per instance (pass@k, avg@k)")] = 1,
+    limit: Annotated[int, typer.Option(min=1, help="instances (per difficulty setting)")] = 100,
+    difficulty: Annotated[
+        list[str] | None, typer.Option("--difficulty", "-d", help="KNOB=V[,V..]; several values sweep")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="generator seed of the instances")] = DEFAULT_SEED,
+    baseline: Annotated[
+        str | None, typer.Option(help="'best-of-n': one model, best-of-N at the team's token budget")
+    ] = None,
+    responses: Annotated[
+        Path | None, typer.Option(help="score a JSONL of {id, response[, tokens]} instead of running a team")
+    ] = None,
+    roles: Annotated[int, typer.Option(min=1, help="generic solver roles when the team has none")] = 3,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="per message")] = 32,
+    batch_size: Annotated[int, typer.Option(min=1, help="instances per engine batch")] = 16,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
+    benchmarks_dir: Annotated[
+        Path | None,
+        typer.Option(help="real benchmark files (default: $TEAMTR_BENCHMARKS_DIR or ../shared/benchmarks)"),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="result.json, episodes.jsonl and plots (default runs/eval/TASK)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON only")] = False,
+    list_tasks: Annotated[
+        bool, typer.Option("--list-tasks", help="list task families and benchmarks")
+    ] = False,
+) -> None:
+    """pass@k and avg@k (95% bootstrap CIs, per difficulty) of a team on a task; optionally vs best-of-N."""
+    from teamtr.evals.benchmarks import benchmark_names
+    from teamtr.evals.harness import best_of_n, evaluate, responses_file_runner
+    from teamtr.evals.report import plot_result, print_result
+    from teamtr.evals.tasks import get_task, task_names
+
+    console = Console(stderr=as_json)
+    if list_tasks:
+        for name in task_names():
+            console.print(f"[bold]{name}[/bold]  {get_task(name).description}")
+        for name in benchmark_names():
+            console.print(f"[bold]{name}[/bold]  real benchmark file")
+        return
+    if task is None:
+        raise typer.BadParameter("--task is required (see --list-tasks)", param_hint="--task")
+    if baseline not in (None, "best-of-n"):
+        raise typer.BadParameter("the only baseline is 'best-of-n'", param_hint="--baseline")
+    if (team_or_run_dir is None) == (responses is None):
+        raise typer.BadParameter("give a TEAM_OR_RUN_DIR, or --responses FILE (not both)")
+    if responses is not None and baseline:
+        raise typer.BadParameter("--baseline needs a model to sample from, not --responses")
+
+    family, instances = _instances(task, limit, seed, _parse_knobs(difficulty or []), benchmarks_dir)
+    show_progress = not as_json
+    runners = None
+    if responses is not None:
+        team_runner = responses_file_runner(responses)
+    else:
+        from teamtr.evals.runners import EngineRunners, load_team_spec
+
+        try:
+            spec = load_team_spec(team_or_run_dir, task, roles)
+        except (FileNotFoundError, ValueError) as e:
+            raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
+        runners = EngineRunners(
+            spec, family, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, threads=threads
+        )
+        team_runner = runners.team()
+    result = evaluate(family, instances, team_runner, k, batch_size, show_progress, seed)
+    if baseline and runners is not None:
+        result.baseline = best_of_n(family, instances, runners.single(), result, batch_size, show_progress)
+    out_dir = out or Path("runs") / "eval" / task
+    result.save(out_dir)
+    plots = plot_result(result, out_dir)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    print_result(result, console)
+    console.print(
+        f"wrote {out_dir / 'result.json'}, {out_dir / 'episodes.jsonl'}, {', '.join(p.name for p in plots)}"
+    )

@@ -1,0 +1,197 @@
+"""Runners that answer task instances with a real team or one model (LangGraph team + embedded engine).
+
+`TEAM_OR_RUN_DIR` may be:
+- `warm`: the cached warm-started demo model (built on first use);
+- a model directory (`config.json`, loaded with `from_pretrained`): every role speaks with that model;
+- a TeamTR run directory (`config.yaml` written by `teamtr train`): its roles factory, its base model and
+  the newest version of each role's adapter under `adapters/<role>/v<N>/`.
+
+Roles: the run's roles, else the chain demo's adders for `chain`, else `--roles` generic solvers with a
+short per-family system prompt. For `split`, role i also sees its private table (`role_view`).
+The single-model baseline is one agent answering in one message, with the whole team's token allowance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from teamtr.evals.harness import Episode, Runner
+from teamtr.evals.task import TaskFamily, TaskInstance
+from teamtr.graphs.roles import Role
+from teamtr.serving.engine import SamplingParams
+
+# Short system prompts: the small models read one character per token.
+SYSTEM_PROMPTS = {
+    "chain": "Add the first two numbers.",
+    "countdown": "Write an expression.",
+    "zebra": "Solve the grid.",
+    "autologi": "Place the items.",
+    "blocksworld": "Write a plan.",
+    "arbench": "Find the code.",
+    "split": "Look up the symbol.",
+}
+MESSAGE_END = "\n"  # the small character models end a message with a newline
+
+
+@dataclass
+class TeamSpec:
+    """What to load: the base model, the team's roles and each adapter's directory (None = fresh = base)."""
+
+    base: Path
+    roles: list[Role]
+    adapters: dict[str, Path | None] = field(default_factory=dict)
+    source: str = ""
+
+
+def _import_factory(path: str):
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"roles factory {path!r}: want 'module:function'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _latest_version(role_dir: Path) -> Path | None:
+    versions = [(int(m.group(1)), p) for p in role_dir.glob("v*") if (m := re.fullmatch(r"v(\d+)", p.name))]
+    return max(versions)[1] if versions else None
+
+
+def default_roles(task: str, n_roles: int, options: dict[str, Any] | None = None) -> list[Role]:
+    if task == "chain":
+        from teamtr.training.warmstart import chain_roles
+
+        return chain_roles(int((options or {}).get("steps", 3)))
+    prompt = SYSTEM_PROMPTS.get(task, "Solve the task.")
+    return [Role(name=f"solver{i}", system_prompt=prompt, adapter=None) for i in range(1, n_roles + 1)]
+
+
+def load_team_spec(
+    team_or_run_dir: str, task: str, n_roles: int = 3, options: dict | None = None
+) -> TeamSpec:
+    """Resolve `warm`, a model directory or a run directory into a TeamSpec (clear errors otherwise)."""
+    if team_or_run_dir == "warm":
+        from teamtr.training.warmstart import ensure_warm_model
+
+        base = ensure_warm_model()
+        roles = default_roles(task, n_roles, options)
+        return TeamSpec(base, roles, {r.adapter: None for r in roles if r.adapter}, "warm")
+    path = Path(team_or_run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
+    if (path / "config.yaml").is_file():
+        from teamtr.training.config import TrainConfig
+        from teamtr.training.warmstart import ensure_warm_model
+
+        cfg = TrainConfig.from_yaml(path / "config.yaml")
+        roles = list(_import_factory(cfg.team.roles)())
+        base = Path(cfg.team.model) if cfg.team.model else ensure_warm_model()
+        adapters: dict[str, Path | None] = {}
+        for r in roles:
+            if r.adapter:
+                adapters[r.adapter] = _latest_version(path / "adapters" / r.name)
+        return TeamSpec(base, roles, adapters, f"run {path}")
+    if (path / "config.json").is_file():
+        roles = default_roles(task, n_roles, options)
+        return TeamSpec(path, roles, {r.adapter: None for r in roles if r.adapter}, f"model {path}")
+    raise FileNotFoundError(
+        f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)"
+    )
+
+
+class EngineRunners:
+    """One embedded engine and event loop shared by the team runner and the single-model runner."""
+
+    def __init__(
+        self,
+        spec: TeamSpec,
+        family: TaskFamily,
+        *,
+        temperature: float = 1.0,
+        max_new_tokens: int = 32,
+        seed: int = 0,
+        threads: int | None = 1,
+    ) -> None:
+        from teamtr.serving.embedded import EmbeddedEngine
+
+        self.spec, self.family, self.seed = spec, family, seed
+        self.engine = EmbeddedEngine(
+            str(spec.base),
+            adapters={k: (str(v) if v else None) for k, v in spec.adapters.items()},
+            threads=threads,
+        )
+        self.loop = asyncio.new_event_loop()
+        self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        self.calls = 0
+
+    def close(self) -> None:
+        self.loop.close()
+
+    def _roles_for(self, instance: TaskInstance) -> list[Role]:
+        role_view = getattr(self.family, "role_view", None)
+        roles = []
+        for i, r in enumerate(self.spec.roles):
+            sampling = replace(self.sampling, stop=r.sampling.stop or (MESSAGE_END,))
+            prompt = r.system_prompt
+            if role_view is not None:  # split information: role i's private facts
+                prompt = f"{prompt}\n{role_view(instance, i)}".strip()
+            roles.append(replace(r, system_prompt=prompt, sampling=sampling))
+        return roles
+
+    def _episodes(self, teams_and_tasks: list[tuple[Any, TaskInstance]], samples: int) -> list[list[Episode]]:
+        from teamtr.graphs.team import derive_seed
+
+        self.calls += 1
+        call = self.calls
+
+        async def one(team, inst: TaskInstance, g: int) -> Episode:
+            traj = await team.arun(inst, seed=derive_seed(self.seed, call, inst.id, g))
+            return Episode(
+                response=traj.final_answer or "",
+                completion_tokens=sum(len(t.completion_ids) for t in traj.turns),
+                prompt_tokens=sum(len(t.prompt_ids) for t in traj.turns),
+                turns=len(traj.turns),
+            )
+
+        async def all_episodes() -> list[Episode]:
+            jobs = [one(team, inst, g) for team, inst in teams_and_tasks for g in range(samples)]
+            return list(await asyncio.gather(*jobs))
+
+        flat = self.loop.run_until_complete(all_episodes())
+        return [flat[i * samples : (i + 1) * samples] for i in range(len(teams_and_tasks))]
+
+    def team(self) -> Runner:
+        from teamtr.graphs.team import Team
+
+        def run(instances: Sequence[TaskInstance], samples: int) -> list[list[Episode]]:
+            teams = [
+                (Team.from_engine(self._roles_for(inst), self.engine, name=self.family.name), inst)
+                for inst in instances
+            ]
+            return self._episodes(teams, samples)
+
+        return run
+
+    def single(self, adapter: str | None = None) -> Runner:
+        """One agent, one message, the team's whole token allowance; it sees every role's private facts."""
+        from teamtr.graphs.team import Team
+
+        n_roles = len(self.spec.roles)
+        solo = Role(
+            name="single",
+            system_prompt=SYSTEM_PROMPTS.get(self.family.name, "Solve the task."),
+            adapter=adapter,
+            sampling=replace(self.sampling, max_new_tokens=self.sampling.max_new_tokens * n_roles, stop=()),
+        )
+        team = Team.from_engine([solo], self.engine, name=f"{self.family.name}-single")
+        full_prompt = getattr(self.family, "full_prompt", None)
+
+        def run(instances: Sequence[TaskInstance], samples: int) -> list[list[Episode]]:
+            shown = [replace(i, prompt=full_prompt(i)) if full_prompt else i for i in instances]
+            return self._episodes([(team, inst) for inst in shown], samples)
+
+        return run
