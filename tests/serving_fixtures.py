@@ -19,12 +19,21 @@ ROLES_FACTORY = "teamtr.graphs.chain_team:chain_roles"
 
 
 def write_versions(
-    model_dir: Path, run_dir: Path, versions: range, roles: tuple[str, ...] = ROLES, rank: int = 4,
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj"), scale: float = 0.3,
+    model_dir: Path,
+    run_dir: Path,
+    versions: range,
+    roles: tuple[str, ...] = ROLES,
+    rank: int = 4,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    scale: float = 0.3,
 ) -> Path:
     """RUN_DIR/adapters/<role>/v<k>/ for k in `versions` (the layout the trainer writes)."""
-    engine = EmbeddedEngine(model_dir, adapters={r: None for r in roles}, threads=1,
-                            lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=target_modules))
+    engine = EmbeddedEngine(
+        model_dir,
+        adapters={r: None for r in roles},
+        threads=1,
+        lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=target_modules),
+    )
     for k in versions:
         torch.manual_seed(1000 * k)
         with torch.no_grad():
