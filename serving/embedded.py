@@ -90,6 +90,7 @@ class _Base:
         self.model: PreTrainedModel | PeftModel = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
         self.model.eval()
         self.versions: dict[str, int] = {}
+        self.pieces: dict[int, str] = {}
         # transformers >= 5.2x calls the KV cache `cache`; earlier releases `past_key_values`
         forward_args = inspect.signature(type(self.model).forward).parameters
         self.cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
@@ -372,12 +373,16 @@ class EmbeddedEngine:
             mask[i, width - len(r.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         gens = [_row_generator(r.sampling.seed) for r in batch]
+        temps = torch.tensor([r.sampling.temperature for r in batch])
+        top_ps = torch.tensor([r.sampling.top_p for r in batch])
+        limits = [r.sampling.max_new_tokens for r in batch]
+        texts = [""] * n  # decoded so far, for stop strings
         done = [False] * n
         eos = tok.eos_token_id
         past = None
         step_ids, step_pos = ids, positions
         with self._adapters_for(b, [r.adapter for r in batch]) as kwargs:
-            for _ in range(max(r.sampling.max_new_tokens for r in batch)):
+            for _ in range(max(limits)):
                 out = b.model(
                     input_ids=step_ids,
                     attention_mask=mask,
@@ -391,29 +396,32 @@ class EmbeddedEngine:
                 past = out["cache"] if "cache" in out else out["past_key_values"]
                 logits = out.logits[:, -1].float()
                 logp = torch.log_softmax(logits, dim=-1)  # untempered policy: the behaviour log-probs
-                next_tokens = torch.full((n,), tok.pad_token_id, dtype=torch.long)
-                for i, r in enumerate(batch):
+                next_tokens = _sample_rows(logits, temps, top_ps, gens)
+                chosen = logp.gather(1, next_tokens[:, None])[:, 0].tolist()
+                for i, (r, t) in enumerate(zip(batch, next_tokens.tolist(), strict=True)):
                     if done[i]:
+                        next_tokens[i] = tok.pad_token_id
                         continue
-                    t = _sample(logits[i], r.sampling, gens[i])
-                    next_tokens[i] = t
                     r.completion.append(t)
-                    r.logprobs.append(float(logp[i, t]))
+                    r.logprobs.append(chosen[i])
                     if t == eos:
                         done[i], r.finish_reason = True, "stop"
-                        continue
-                    if r.sampling.stop:
-                        text = tok.decode(r.completion, skip_special_tokens=True)
-                        if any(s in text for s in r.sampling.stop):
-                            done[i], r.finish_reason = True, "stop"
-                            continue
-                    if len(r.completion) >= r.sampling.max_new_tokens:
+                    elif r.sampling.stop and _hits_stop(texts, i, self._piece(b, t), r.sampling.stop):
+                        done[i], r.finish_reason = True, "stop"
+                    elif len(r.completion) >= limits[i]:
                         done[i], r.finish_reason = True, "length"
                 if all(done):
                     break
                 step_ids = next_tokens[:, None]
                 step_pos = step_pos[:, -1:] + 1
                 mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+
+    def _piece(self, b: _Base, token: int) -> str:
+        """Decoded text of one token, cached (stop strings are checked on every sampled token)."""
+        piece = b.pieces.get(token)
+        if piece is None:
+            piece = b.pieces[token] = b.tokenizer.decode([token], skip_special_tokens=True)
+        return piece
 
 
 def _row_generator(seed: int | None) -> torch.Generator | None:
@@ -424,12 +432,27 @@ def _row_generator(seed: int | None) -> torch.Generator | None:
     return g
 
 
-def _sample(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None) -> int:
-    if sp.temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / sp.temperature, dim=-1)
-    if sp.top_p < 1.0:  # nucleus: keep the smallest set of tokens whose mass reaches top_p
-        sorted_p, order = torch.sort(probs, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < sp.top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=gen))
+def _hits_stop(texts: list[str], i: int, piece: str, stops: tuple[str, ...]) -> bool:
+    texts[i] += piece
+    tail = texts[i][-(max(map(len, stops)) + len(piece)) :]
+    return any(s in tail for s in stops)
+
+
+def _sample_rows(
+    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, gens: list[torch.Generator | None]
+) -> torch.Tensor:
+    """One token per row: greedy where T = 0, else temperature + nucleus sampling by the Gumbel-max trick,
+    with each row's noise drawn from its own seeded generator (so a row's sample does not depend on the
+    other rows of the batch)."""
+    greedy = temps == 0
+    scaled = logits / torch.where(greedy, 1.0, temps)[:, None]
+    if bool((top_ps < 1).any()):  # nucleus: keep the smallest set of tokens whose mass reaches top_p
+        probs = torch.softmax(scaled, dim=-1)
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        drop_sorted = sorted_p.cumsum(-1) - sorted_p >= top_ps[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    u = torch.stack([torch.rand(logits.shape[1], generator=g) for g in gens])
+    gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
+    sampled = torch.argmax(scaled + gumbel, dim=-1)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
