@@ -280,7 +280,7 @@ class AdapterRegistry:
         known = set(slot.versions) if slot else set()
         if version is None:
             m = _VERSION_DIR.match(path.name)
-            version = int(m.group(1)) if m and int(m.group(1)) not in known else max(known, default=0) + 1
+            version = int(m.group(1)) if m else max(known, default=0) + 1
         if version in known:
             raise AdapterError(f"version {version} is already registered; push a new version or roll back")
         return version
