@@ -23,3 +23,9 @@ def check_knobs(family: str, given: dict, allowed: set[str]) -> None:
     unknown = set(given) - allowed
     if unknown:
         raise ValueError(f"{family}: unknown difficulty knob(s) {sorted(unknown)}; known: {sorted(allowed)}")
+
+
+def instance_id(family: str, seed: int, index: int, knobs: object) -> str:
+    """Unique across difficulty settings too: `zebra-7-0-3x2` (family, seed, index, knob values)."""
+    values = "x".join(str(v) for v in vars(knobs).values())
+    return f"{family}-{seed}-{index}-{values}"

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from teamtr.evals.task import TaskInstance
-from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Arbench:
             hint_text = " ".join(f"{g}:{f}" for g, f in hints)
             out.append(
                 TaskInstance(
-                    id=f"{self.name}-{seed}-{i}",
+                    id=instance_id(self.name, seed, i, knobs),
                     prompt=f"code {knobs.digits} of 0-{knobs.pool - 1}. {hint_text}".strip(),
                     answer=secret,
                     difficulty=f"digits={knobs.digits},pool={knobs.pool},hints={knobs.hints}",

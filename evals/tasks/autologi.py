@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from teamtr.evals.task import TaskInstance
-from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
 _ASSIGNMENT = re.compile(r"([A-Z])\s*=\s*(\d+)")
 
@@ -101,7 +101,7 @@ class Autologi:
                     constraints.append(candidate)
             out.append(
                 TaskInstance(
-                    id=f"{self.name}-{seed}-{i}",
+                    id=instance_id(self.name, seed, i, knobs),
                     prompt=f"{' '.join(items)} in 1-{knobs.items}, all different. "
                     + " ".join(render(c) for c in constraints),
                     answer=",".join(f"{x}={hidden[x]}" for x in items),  # one valid answer, not the only

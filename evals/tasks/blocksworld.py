@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from teamtr.evals.task import TaskInstance
-from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
 DOMAIN_PDDL = """
 (define (domain blocksworld-4ops)
@@ -161,7 +161,7 @@ class Blocksworld:
             wanted = [s for s in goal_stacks if len(s) > 1]
             out.append(
                 TaskInstance(
-                    id=f"{self.name}-{seed}-{i}",
+                    id=instance_id(self.name, seed, i, knobs),
                     prompt=f"have {','.join(init)} want {','.join(wanted)}",
                     answer=",".join(reference),  # one optimal plan; any valid plan is correct
                     difficulty=f"blocks={knobs.blocks}",

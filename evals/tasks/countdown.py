@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from teamtr.evals.task import TaskInstance
-from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
 _EXPRESSION = re.compile(r"[\d+\-*/() ]+")
 _BINARY_OPS = {
@@ -93,7 +93,7 @@ class Countdown:
             numbers, target = item["metadata"]["numbers"], item["metadata"]["target"]
             out.append(
                 TaskInstance(
-                    id=f"{self.name}-{seed}-{i}",
+                    id=instance_id(self.name, seed, i, knobs),
                     prompt=f"{','.join(map(str, numbers))}->{target}",
                     answer=target,
                     difficulty=f"numbers={knobs.numbers},max={knobs.max_value}",

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from teamtr.evals.task import TaskInstance
-from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
 _SYMBOL = re.compile(r"[a-z]\d+")
 
@@ -71,7 +71,7 @@ class Split:
             ]
             out.append(
                 TaskInstance(
-                    id=f"{self.name}-{seed}-{i}",
+                    id=instance_id(self.name, seed, i, knobs),
                     prompt=f"start {start}, {knobs.hops} tables",
                     answer=path[-1],
                     difficulty=f"hops={knobs.hops},size={knobs.size}",

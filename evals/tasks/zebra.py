@@ -22,7 +22,7 @@ from random import Random
 from typing import Any
 
 from teamtr.evals.task import TaskInstance
-from teamtr.evals.tasks._text import check_knobs, last_line, seeded_rng
+from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
 # reasoning-gym clue class -> (compact operator, arity kind)
 _CLUE_SYMBOLS = {
@@ -92,7 +92,7 @@ class Zebra:
             clue_text = " ".join(_render_clue(c) for c in clues)
             out.append(
                 TaskInstance(
-                    id=f"{self.name}-{seed}-{i}",
+                    id=instance_id(self.name, seed, i, knobs),
                     prompt=f"{knobs.houses} houses. {header}\n{clue_text}\nhouse {house} {category}?",
                     answer=answer,
                     difficulty=f"{knobs.houses}x{knobs.attributes}",
