@@ -1,0 +1,77 @@
+"""Random teams for the bound checks: one generator shared by `teamtr theory check` and the property tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from teamtr.training.stage import ScheduleConfig, ScheduleKind
+from teamtr.training.theory.bounds import BoundConstants, BoundForm, Check, check_stage
+from teamtr.training.theory.env import (
+    TeamInstance,
+    chain_instance,
+    chain_warm_logits,
+    random_instance,
+    random_logits,
+)
+from teamtr.training.theory.exact import Logits
+from teamtr.training.theory.team import TabularTeam, train
+
+SEQUENTIAL_SCHEDULES: tuple[ScheduleKind, ...] = ("teamtr", "naive", "importance_weighting")
+
+
+@dataclass
+class RandomCase:
+    instance: TeamInstance
+    logits: Logits
+    delta: float
+    schedule: ScheduleKind
+    order: str
+    stages: int
+
+
+def random_case(
+    rng: np.random.Generator, max_agents: int = 3, max_horizon: int = 6, max_contexts: int = 3
+) -> RandomCase:
+    """A small random team: 1..max_agents agents, 2-3 messages, random or round-robin router, discount in
+    [0.5, 1], trust-region radius log-uniform in [1e-3, 2] (large radii stress the bounds), 1-2 stages.
+    One case in five is a chain team (the scaling study's family)."""
+    n = int(rng.integers(1, max_agents + 1))
+    gamma = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
+    if rng.uniform() < 0.2:
+        instance = chain_instance(
+            n, rng, rounds=int(rng.integers(1, 3)), flavours=int(rng.integers(1, 3)), gamma=gamma
+        )
+        logits = chain_warm_logits(instance, rng, competence=float(rng.uniform(0, 4)), noise=1.0)
+    else:
+        instance = random_instance(
+            rng,
+            n_agents=n,
+            n_messages=int(rng.integers(2, 4)),
+            contexts=int(rng.integers(1, max_contexts + 1)),
+            horizon=int(rng.integers(1, max_horizon + 1)),
+            gamma=gamma,
+            round_robin=bool(rng.integers(2)),
+            concentration=float(rng.choice([0.1, 0.5, 2.0])),
+        )
+        logits = random_logits(instance, rng, float(rng.uniform(0.0, 3.0)))
+    return RandomCase(
+        instance=instance,
+        logits=logits,
+        delta=float(np.exp(rng.uniform(np.log(1e-3), np.log(2.0)))),
+        schedule=SEQUENTIAL_SCHEDULES[int(rng.integers(len(SEQUENTIAL_SCHEDULES)))],
+        order=str(rng.choice(["fixed", "reversed", "random"])),
+        stages=int(rng.integers(1, 3)),
+    )
+
+
+def check_case(case: RandomCase, form: BoundForm = BoundForm(), seed: int = 0) -> list[Check]:
+    """Train the case with its schedule through the shared stage loop and check every bound on every stage."""
+    team = TabularTeam(case.instance, case.logits, case.delta)
+    records = train(team, ScheduleConfig(kind=case.schedule, order=case.order), case.stages, seed)  # type: ignore[arg-type]
+    constants = BoundConstants.of(case.instance)
+    checks: list[Check] = []
+    for stage in records:
+        checks.extend(check_stage(stage.updates, constants, form))
+    return checks

@@ -1,0 +1,187 @@
+"""`teamtr theory ...`: the exact theory lab (scaling study, bound checks)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from teamtr.training.theory.bounds import BOUND_NAMES, INFORMATIONAL, BoundForm, CheckTally
+from teamtr.training.theory.cases import check_case, random_case
+from teamtr.training.theory.scaling import ScalingConfig, plot_scaling, run_scaling
+
+app = typer.Typer(
+    help="Exact theory lab: TeamTR's bounds and the n^2-vs-n scaling on exactly solvable teams.",
+    no_args_is_help=True,
+)
+
+
+def _agents(spec: str) -> list[int]:
+    try:
+        if "-" in spec:
+            lo, hi = (int(x) for x in spec.split("-"))
+            return list(range(lo, hi + 1))
+        return [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"agents must look like 2-8 or 2,4,8; got {spec!r}") from None
+
+
+@app.command()
+def scaling(
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    seeds: int = typer.Option(5, "--seeds", min=1, help="Random teams per n."),
+    stages: int = typer.Option(3, "--stages", min=1, help="Stages K per run."),
+    agents: str = typer.Option("2-8", "--agents", help="Team sizes, e.g. 2-8 or 2,4,8."),
+    delta: float = typer.Option(0.01, "--delta", min=1e-6, help="Per-message KL trust-region radius."),
+    out: Path = typer.Option(Path("runs/theory/scaling.png"), "--out", help="Where to write the figure."),
+) -> None:
+    """Stale gap and occupancy divergence vs n for naive sequential and TeamTR (exact), with exponents."""
+    try:
+        cfg = ScalingConfig(agents=_agents(agents), seeds=seeds, stages=stages, delta=delta)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    console = Console(stderr=json_out)
+    with Progress(console=console, transient=True, disable=json_out) as progress:
+        task = progress.add_task("exact runs", total=len(cfg.agents) * 4)
+        result = run_scaling(cfg, progress=lambda _msg: progress.advance(task))
+    figure = plot_scaling(result, out)
+    result["figure"] = str(figure)
+    if json_out:
+        typer.echo(json.dumps(result))
+        return
+    _print_scaling(console, result)
+
+
+def _print_scaling(console: Console, result: dict[str, Any]) -> None:
+    cfg = result["config"]
+    table = Table(
+        title=f"Exact chain teams: mean of {cfg['seeds']} seeds, K={cfg['stages']} stages, delta={cfg['delta']}"
+    )
+    for col in (
+        "n",
+        "gap naive",
+        "gap TeamTR",
+        "div naive",
+        "div TeamTR",
+        "J0",
+        "J_K naive",
+        "J_K TeamTR",
+        "J_K joint",
+    ):
+        table.add_column(col, justify="right")
+    stability = Table(
+        title="Stability: updates whose exact KL on the contexts acted on exceeds delta (max KL/delta)"
+    )
+    for col in ("n", "naive", "TeamTR", "joint", "IW"):
+        stability.add_column(col, justify="right")
+    for row in result["table"]:
+        table.add_row(
+            str(row["n"]),
+            f"{row['stale_gap_naive']:.2e}",
+            f"{row['stale_gap_teamtr']:.2e}",
+            f"{row['occupancy_divergence_naive']:.3f}",
+            f"{row['occupancy_divergence_teamtr']:.3f}",
+            f"{row['return_initial']:.3f}",
+            f"{row['return_final_naive']:.4f}",
+            f"{row['return_final_teamtr']:.4f}",
+            f"{row['return_final_joint']:.4f}",
+        )
+        stability.add_row(
+            str(row["n"]),
+            *(
+                f"{row[f'left_region_{k}']:.0%} (x{row[f'max_kl_ratio_{k}']:.2f})"
+                for k in ("naive", "teamtr", "joint", "importance_weighting")
+            ),
+        )
+    console.print(table)
+    console.print(stability)
+    fits = Table(title="log-log exponents alpha (95% CI) vs the paper")
+    for col in ("metric", "naive", "TeamTR", "paper naive", "paper TeamTR"):
+        fits.add_column(col)
+    paper = result["paper"]
+    for metric in ("stale_gap", "occupancy_divergence"):
+        cells = []
+        for schedule in ("naive", "teamtr"):
+            fit = result["alphas"][f"{metric}_{schedule}"]
+            cells.append(f"{fit['value']:.2f} [{fit['ci95'][0]:.2f}, {fit['ci95'][1]:.2f}]")
+        fits.add_row(metric, *cells, str(paper["alpha_naive"][metric]), str(paper["alpha_teamtr"][metric]))
+    console.print(fits)
+    iw = Table(
+        title=f"Importance weighting without resampling: ESS/B by update index (n={result['importance_weighting']['n']}, cold team)"
+    )
+    by_delta = result["importance_weighting"]["by_delta"]
+    indices = list(next(iter(by_delta.values())).keys())
+    iw.add_column("delta")
+    for i in indices:
+        iw.add_column(f"i={i}", justify="right")
+    for delta, values in by_delta.items():
+        iw.add_row(delta, *(f"{values[i]:.3f}" for i in indices))
+    iw.add_row("paper (LLM)", *("0.42" if i == "2" else "0.04" if i == "5" else "" for i in indices))
+    console.print(iw)
+    console.print(f"figure: {result['figure']}   ({result['seconds']:.1f} s)")
+
+
+@app.command()
+def check(
+    instances: int = typer.Option(1000, "--instances", min=1, help="Random teams to check."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the instance generator."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    c_scale: float = typer.Option(
+        1.0, "--c-scale", help="Multiply every constant (try 0.1: the checks must fail)."
+    ),
+    power: float = typer.Option(
+        0.5, "--power", help="Exponent of delta in the penalties (0.5 is sqrt; try 1)."
+    ),
+) -> None:
+    """Check the occupancy-shift, Thm 3.4/3.6/3.7 and Prop 3.3 bounds exactly on random teams."""
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    form = BoundForm(c_scale=c_scale, power=power)
+    tally = CheckTally()
+    console = Console(stderr=json_out)
+    with Progress(console=console, transient=True, disable=json_out) as progress:
+        task = progress.add_task("random teams", total=instances)
+        for k in range(instances):
+            tally.add(check_case(random_case(rng), form, seed=k))
+            progress.advance(task)
+    result = {
+        "instances": instances,
+        "violations": {name: tally.violations[name] for name in BOUND_NAMES},
+        "checks": {name: tally.checks[name] for name in BOUND_NAMES},
+        "worst_margin": {name: tally.worst.get(name) for name in BOUND_NAMES},
+        "informational": {
+            name: {"checks": tally.checks[name], "violations": tally.violations[name]}
+            for name in INFORMATIONAL
+        },
+        "form": {"c_scale": c_scale, "power": power},
+        "seconds": time.perf_counter() - started,
+    }
+    if json_out:
+        typer.echo(json.dumps(result))
+        return
+    table = Table(title=f"Exact bound checks on {instances} random teams (lhs >= rhs; margin = lhs - rhs)")
+    for col in ("bound", "checks", "violations", "worst margin"):
+        table.add_column(col, justify="right")
+    for name in BOUND_NAMES:
+        table.add_row(
+            name,
+            str(tally.checks[name]),
+            str(tally.violations[name]),
+            f"{tally.worst.get(name, float('nan')):.3g}",
+        )
+    for name in INFORMATIONAL:
+        table.add_row(
+            f"({name}, not a bound)",
+            str(tally.checks[name]),
+            str(tally.violations[name]),
+            f"{tally.worst.get(name, float('nan')):.3g}",
+        )
+    console.print(table)
+    console.print(f"({result['seconds']:.1f} s)")
