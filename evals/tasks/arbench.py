@@ -91,7 +91,7 @@ class Arbench:
         """The simulated oracle: feedback on the last guess of `digits` distinct digits in `question`."""
         digits = instance.meta["digits"]
         guesses = re.findall(rf"(?<!\d)\d{{{digits}}}(?!\d)", question)
-        valid = [g for g in guesses if len(set(g)) == digits and max(g) < str(instance.meta["pool"])]
+        valid = [g for g in guesses if len(set(g)) == digits and int(max(g)) < instance.meta["pool"]]
         if not valid:
             return f"ask {digits} different digits from 0-{instance.meta['pool'] - 1}"
         return feedback(instance.answer, valid[-1])
