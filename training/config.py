@@ -37,7 +37,7 @@ class TeamConfig(_Strict):
     """The team being trained: a factory `module:function` returning the list of `Role`s (router:
     round-robin in role order, as in graphs/team.py), and the base model every role's adapter sits on."""
 
-    roles: str = "teamtr.training.warmstart:chain_roles"
+    roles: str = "teamtr.graphs.chain_team:chain_roles"
     model: str | None = None  # base model directory; None = the cached warm-started demo model
     lora_rank: int = 8
     lora_alpha: int = 16
@@ -110,6 +110,10 @@ class TrustRegionConfig(_Strict):
     enabled: bool = True  # False: ablation "no trust region" (d_hat still measured and logged)
     delta: float = Field(0.01, gt=0)
     per_token: bool = False  # True: the constraint is on the per-token mean instead of the message sum
+    # k1 = eq. 11 (log pi_cur - log pi_new on sampled tokens). k3 = (r - 1) - log r, r = pi_new/pi_cur: the
+    # same expectation and gradient, but >= 0 per token, so an update cannot hide a large move behind
+    # negative k1 terms on the very tokens it was fitted on.
+    estimator: Literal["k1", "k3"] = "k1"
     penalty: Literal["adaptive", "fixed", "none"] = "adaptive"
     beta_init: float = Field(1.0, ge=0)
     beta_factor: float = Field(2.0, gt=1)
@@ -142,6 +146,9 @@ class TrainConfig(_Strict):
     stages: int = Field(6, ge=1)
     run_dir: str = "runs/teamtr"
     torch_threads: int = Field(1, ge=1)
+    # stop at the first stage boundary where the training rollouts used this many completion tokens
+    # (compares schedules at an equal rollout-token budget); None = run all `stages`
+    max_rollout_tokens: int | None = None
     task: TaskConfig = Field(default_factory=TaskConfig)
     team: TeamConfig = Field(default_factory=TeamConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)

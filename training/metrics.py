@@ -1,7 +1,7 @@
 """The run's metrics: one JSON object per line in RUN_DIR/metrics.jsonl, mirrored to TensorBoard.
 
 Each record has a `kind` ("update", "stage", "eval", "run") and a global `step` (the update counter).
-On resume, records past the last checkpointed position are dropped first, so an interrupted and resumed
+On resume, the file is cut back to its length at the checkpoint, so an interrupted and resumed
 run writes the same metrics as an uninterrupted one.
 """
 
@@ -26,12 +26,11 @@ class MetricsLog:
 
             self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
 
-    def truncate_after(self, step: int) -> None:
-        """Keep only records with step <= `step` (the last completed update before a resume)."""
-        if not self.path.exists():
-            return
-        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    def truncate_to_bytes(self, size: int) -> None:
+        """Cut the file back to its length at the checkpoint a run resumes from."""
+        if self.path.exists() and self.path.stat().st_size > size:
+            with open(self.path, "r+b") as f:
+                f.truncate(size)
 
     def log(self, kind: str, step: int, **values: Any) -> dict[str, Any]:
         record = {"kind": kind, "step": step, **values}
