@@ -1,0 +1,109 @@
+"""pytest fixtures for tests that talk to a REAL vLLM server (installed by scripts/setup_vllm.sh).
+
+Use them from a test module with
+
+    pytest_plugins = ["vllm_fixtures"]
+
+so that every module shares ONE session-scoped server (importing the fixture functions into several
+modules would start one server per module). Fixtures:
+
+- `vllm_model_dir`: a tiny random Llama (hidden 64, 2 layers, 2 heads of 32) with the char tokenizer;
+- `vllm_server`: a `VLLMServer` for that model, started once per session (or attached to
+  $TEAMTR_VLLM_URL when set; that server must serve the same model directory);
+- `vllm_engine`: a fresh `VLLMEngine` over that server (base name "base").
+
+The tests skip, saying why, only when vLLM is not installed (the setup script's reason when it failed).
+`random_lora_adapter` makes peft adapters with nonzero B, so they change the model's outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from teamtr.serving.vllm_engine import VLLMEngine
+from teamtr.serving.vllm_server import (
+    DEFAULT_VLLM_PYTHON,
+    REPO_ROOT,
+    VLLM_PYTHON_ENV,
+    VLLMServer,
+    attach_vllm_server,
+    start_vllm_server,
+)
+
+SETUP_ERROR_FILE = REPO_ROOT / "build" / "vllm-setup-error.txt"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def vllm_skip_reason() -> str | None:
+    """None when a vLLM interpreter is installed; otherwise why not (the setup script's reason if any)."""
+    python = os.environ.get(VLLM_PYTHON_ENV) or str(DEFAULT_VLLM_PYTHON)
+    if Path(python).exists():
+        probe = subprocess.run(
+            [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+            capture_output=True,
+            timeout=60,
+        )
+        if probe.returncode == 0:
+            return None
+    if SETUP_ERROR_FILE.exists():
+        return SETUP_ERROR_FILE.read_text().strip()
+    return f"vLLM is not installed at {python}: run `bash scripts/setup_vllm.sh` (the test script does)"
+
+
+def build_tiny_model(out_dir: Path) -> Path:
+    """The warm-start module's tiny random model (hidden 64, 2 layers, head size 32)."""
+    from teamtr.training.warmstart import tiny_random_model
+
+    return Path(tiny_random_model(out_dir, seed=0))
+
+
+def random_lora_adapter(model_dir: str | Path, out_dir: str | Path, seed: int, rank: int = 8) -> Path:
+    """A peft LoRA adapter (safetensors) on `model_dir` with random A and B, so it changes outputs."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # peft initialises B = 0 (adapter == base); make it matter
+                param.normal_(0.0, 0.5)
+    peft_model.save_pretrained(str(out_dir), safe_serialization=True)
+    return Path(out_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    url = os.environ.get("TEAMTR_VLLM_URL")
+    if url:
+        yield attach_vllm_server(url)
+        return
+    reason = vllm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    log = tmp_path_factory.mktemp("vllm-log") / "server.log"
+    server = start_vllm_server(vllm_model_dir, served_model_name="tiny-llama", log_path=str(log))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def vllm_engine(vllm_server: VLLMServer) -> Iterator[VLLMEngine]:
+    engine = VLLMEngine({"base": vllm_server})
+    yield engine
+    engine.close()
