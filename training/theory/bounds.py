@@ -82,29 +82,48 @@ class BoundForm:
 
 @dataclass
 class Check:
+    """One inequality lhs >= base - penalty (lhs: what happened, exactly; base - penalty: the bound)."""
+
     name: str
-    lhs: float  # what happened (exact)
-    rhs: float  # what the bound promises: lhs >= rhs
+    lhs: float
+    base: float
+    penalty: float
     stage: int
     index: int | None = None
 
     @property
+    def rhs(self) -> float:
+        return self.base - self.penalty
+
+    @property
     def violated(self) -> bool:
         return self.lhs < self.rhs - TOLERANCE
+
+    @property
+    def used_fraction(self) -> float:
+        """How much of the penalty the exact outcome needed: (base - lhs) / penalty; > 1 is a violation."""
+        return (self.base - self.lhs) / self.penalty if self.penalty > 1e-12 else -math.inf
 
 
 @dataclass
 class CheckTally:
     checks: dict[str, int] = field(default_factory=lambda: {n: 0 for n in BOUND_NAMES + INFORMATIONAL})
     violations: dict[str, int] = field(default_factory=lambda: {n: 0 for n in BOUND_NAMES + INFORMATIONAL})
-    worst: dict[str, float] = field(default_factory=dict)  # most negative lhs - rhs seen
+    worst_margin: dict[str, float] = field(default_factory=dict)  # most negative lhs - rhs seen
+    max_used_fraction: dict[str, float] = field(
+        default_factory=dict
+    )  # tightness: largest share of the penalty used
 
     def add(self, checks: Sequence[Check]) -> None:
         for check in checks:
             self.checks[check.name] += 1
             self.violations[check.name] += int(check.violated)
-            margin = check.lhs - check.rhs
-            self.worst[check.name] = min(self.worst.get(check.name, math.inf), margin)
+            self.worst_margin[check.name] = min(
+                self.worst_margin.get(check.name, math.inf), check.lhs - check.rhs
+            )
+            self.max_used_fraction[check.name] = max(
+                self.max_used_fraction.get(check.name, -math.inf), check.used_fraction
+            )
 
 
 def check_stage(
@@ -117,16 +136,19 @@ def check_stage(
     c_occ = form.c_scale * constants.c_occupancy
     stage = records[0].stage
     checks: list[Check] = []
+    prop33: list[float] = []
     roots = [form.root(r.kl_intermediate) for r in records]
     for i, r in enumerate(records):
         earlier_roots = sum(roots[:i])
         earlier_eps = sum(q.eps for q in records[:i])
         checks.append(
-            Check("occupancy_shift", -r.occupancy_shift_from_start, -c_occ * earlier_roots, stage, r.index)
+            Check(
+                "occupancy_shift", -r.occupancy_shift_from_start, 0.0, c_occ * earlier_roots, stage, r.index
+            )
         )
-        checks.append(Check("thm34", r.improvement, r.surrogate_intermediate - c * roots[i], stage, r.index))
+        checks.append(Check("thm34", r.improvement, r.surrogate_intermediate, c * roots[i], stage, r.index))
         tight = form.c_scale * math.sqrt(2.0) * r.eps * constants.W * r.agent_mass_intermediate * roots[i]
-        checks.append(Check("thm34_tight", r.improvement, r.surrogate_intermediate - tight, stage, r.index))
+        checks.append(Check("thm34_tight", r.improvement, r.surrogate_intermediate, tight, stage, r.index))
         stale_gap = abs(r.surrogate_intermediate - r.surrogate_stale)
         occupancy_term = c * earlier_roots
         advantage_term = (
@@ -137,15 +159,13 @@ def check_stage(
             * form.root(r.kl_stage_start)
             * earlier_eps
         )
-        checks.append(Check("prop33", -stale_gap, -(occupancy_term + advantage_term), stage, r.index))
-        checks.append(Check("prop33_occupancy_only", -stale_gap, -occupancy_term, stage, r.index))
+        prop33.append(occupancy_term + advantage_term)
+        checks.append(Check("prop33", -stale_gap, 0.0, prop33[i], stage, r.index))
+        checks.append(Check("prop33_occupancy_only", -stale_gap, 0.0, occupancy_term, stage, r.index))
     total = sum(r.improvement for r in records)
     checks.append(
-        Check("thm36", total, sum(r.surrogate_intermediate for r in records) - c * sum(roots), stage)
+        Check("thm36", total, sum(r.surrogate_intermediate for r in records), c * sum(roots), stage)
     )
-    stale_rhs = 0.0
-    for i, r in enumerate(records):
-        prop33 = next(ch for ch in checks if ch.name == "prop33" and ch.index == r.index)
-        stale_rhs += r.surrogate_stale - c * roots[i] - (-prop33.rhs)
-    checks.append(Check("thm37", total, stale_rhs, stage))
+    stale_penalty = sum(c * roots[i] + prop33[i] for i in range(len(records)))
+    checks.append(Check("thm37", total, sum(r.surrogate_stale for r in records), stale_penalty, stage))
     return checks

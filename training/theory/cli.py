@@ -155,9 +155,14 @@ def check(
         "instances": instances,
         "violations": {name: tally.violations[name] for name in BOUND_NAMES},
         "checks": {name: tally.checks[name] for name in BOUND_NAMES},
-        "worst_margin": {name: tally.worst.get(name) for name in BOUND_NAMES},
+        "worst_margin": {name: tally.worst_margin.get(name) for name in BOUND_NAMES},
+        "max_used_fraction": {name: tally.max_used_fraction.get(name) for name in BOUND_NAMES},
         "informational": {
-            name: {"checks": tally.checks[name], "violations": tally.violations[name]}
+            name: {
+                "checks": tally.checks[name],
+                "violations": tally.violations[name],
+                "max_used_fraction": tally.max_used_fraction.get(name),
+            }
             for name in INFORMATIONAL
         },
         "form": {"c_scale": c_scale, "power": power},
@@ -167,21 +172,20 @@ def check(
         typer.echo(json.dumps(result))
         return
     table = Table(title=f"Exact bound checks on {instances} random teams (lhs >= rhs; margin = lhs - rhs)")
-    for col in ("bound", "checks", "violations", "worst margin"):
+    for col in ("bound", "checks", "violations", "worst margin", "max share of penalty used"):
         table.add_column(col, justify="right")
     for name in BOUND_NAMES:
-        table.add_row(
-            name,
-            str(tally.checks[name]),
-            str(tally.violations[name]),
-            f"{tally.worst.get(name, float('nan')):.3g}",
-        )
+        table.add_row(name, *_tally_cells(tally, name))
     for name in INFORMATIONAL:
-        table.add_row(
-            f"({name}, not a bound)",
-            str(tally.checks[name]),
-            str(tally.violations[name]),
-            f"{tally.worst.get(name, float('nan')):.3g}",
-        )
+        table.add_row(f"({name}, not a bound)", *_tally_cells(tally, name))
     console.print(table)
     console.print(f"({result['seconds']:.1f} s)")
+
+
+def _tally_cells(tally: CheckTally, name: str) -> list[str]:
+    return [
+        str(tally.checks[name]),
+        str(tally.violations[name]),
+        f"{tally.worst_margin.get(name, float('nan')):.3g}",
+        f"{tally.max_used_fraction.get(name, float('nan')):.3f}",
+    ]
