@@ -114,16 +114,24 @@ def clipped_surrogate(
     )
 
 
+def monitored_kl(kl: KLEstimates, estimator: str = "k1", per_token: bool = False) -> torch.Tensor:
+    """The d_hat the trust region constrains: eq. 11's k1 message sum by default."""
+    if estimator == "k1":
+        return kl.k1_token if per_token else kl.k1_message
+    if estimator == "k3":
+        return kl.k3_token if per_token else kl.k3_message
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
 def penalised_loss(
-    surrogate: Surrogate, kl: KLEstimates, beta: float, per_token: bool = False
+    surrogate: Surrogate, kl: KLEstimates, beta: float, estimator: str = "k1", per_token: bool = False
 ) -> torch.Tensor:
     """Eq. 10 as a loss to minimise: -(surrogate - beta * d_hat).
 
-    k1 on tokens sampled from pi_cur is an unbiased estimate of KL(pi_cur || pi_new) AND of its gradient
-    with respect to pi_new (the sampling distribution does not depend on the new parameters).
+    On tokens sampled from pi_cur, k1 and k3 are both unbiased estimates of KL(pi_cur || pi_new) and of
+    its gradient with respect to pi_new (the sampling distribution does not depend on the new weights).
     """
-    d_hat = kl.k1_token if per_token else kl.k1_message
-    return -(surrogate.objective - beta * d_hat)
+    return -(surrogate.objective - beta * monitored_kl(kl, estimator, per_token))
 
 
 def _weighted_mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
