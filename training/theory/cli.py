@@ -142,14 +142,13 @@ def check(
 ) -> None:
     """Check the occupancy-shift, Thm 3.4/3.6/3.7 and Prop 3.3 bounds exactly on random teams."""
     started = time.perf_counter()
-    rng = np.random.default_rng(seed)
     form = BoundForm(c_scale=c_scale, power=power)
     tally = CheckTally()
     console = Console(stderr=json_out)
     with Progress(console=console, transient=True, disable=json_out) as progress:
         task = progress.add_task("random teams", total=instances)
         for k in range(instances):
-            tally.add(check_case(random_case(rng), form, seed=k))
+            tally.add(check_case(random_case(np.random.default_rng([seed, k])), form, seed=k))
             progress.advance(task)
     result = {
         "instances": instances,

@@ -1,0 +1,84 @@
+"""Property tests: TeamTR's bounds (in the finite-horizon form of training/theory/bounds.py) are never
+violated by the exact improvement on thousands of random teams, and a wrong constant is caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from teamtr.training.stage import ScheduleConfig
+from teamtr.training.theory.bounds import BOUND_NAMES, BoundConstants, BoundForm, check_stage
+from teamtr.training.theory.cases import check_case, random_case
+from teamtr.training.theory.env import chain_instance, chain_warm_logits
+from teamtr.training.theory.team import TabularTeam, train
+
+seeds = st.integers(0, 2**32 - 1)
+
+
+def violated(checks, names=BOUND_NAMES) -> list[str]:
+    return [
+        f"{c.name} stage {c.stage} update {c.index}: {c.lhs:.6g} < {c.rhs:.6g}"
+        for c in checks
+        if c.name in names and c.violated
+    ]
+
+
+@settings(max_examples=1200, deadline=None)
+@given(seeds)
+def test_no_bound_is_ever_violated_on_random_teams(seed: int) -> None:
+    # occupancy shift, Thm 3.4 (paper constant and exact-eps form), Thm 3.6, Prop 3.3, Thm 3.7
+    checks = check_case(random_case(np.random.default_rng(seed)))
+    assert {c.name for c in checks} >= set(BOUND_NAMES)
+    assert violated(checks) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seeds,
+    st.integers(2, 6),
+    st.sampled_from(["teamtr", "naive", "importance_weighting"]),
+    st.floats(1e-3, 0.5),
+)
+def test_no_bound_is_violated_on_larger_chain_teams(seed: int, n: int, kind: str, delta: float) -> None:
+    rng = np.random.default_rng(seed)
+    instance = chain_instance(n, rng, rounds=2)
+    team = TabularTeam(instance, chain_warm_logits(instance, rng, competence=float(rng.uniform(0, 4))), delta)
+    constants = BoundConstants.of(instance)
+    for stage in train(team, ScheduleConfig(kind=kind), stages=2, seed=seed):  # type: ignore[arg-type]
+        assert violated(check_stage(stage.updates, constants)) == []
+
+
+def first_violation(form: BoundForm, names: tuple[str, ...], budget: int = 3000) -> str | None:
+    """Search the same random teams as the property test for a violation of a (wrong) bound."""
+    for k in range(budget):
+        found = violated(check_case(random_case(np.random.default_rng([7, k])), form), names)
+        if found:
+            return found[0]
+    return None
+
+
+@pytest.mark.parametrize(
+    ("form", "names"),
+    [
+        (BoundForm(c_scale=0.1), ("occupancy_shift",)),  # c/10
+        (BoundForm(c_scale=0.1), ("thm34_tight",)),
+        (BoundForm(c_scale=0.1), ("prop33",)),
+        (BoundForm(power=1.0), ("occupancy_shift",)),  # delta instead of sqrt(delta)
+        (BoundForm(c_scale=1 / 50), ("thm34",)),  # the paper-constant Thm 3.4 is loose: c/50 is caught
+    ],
+)
+def test_a_wrong_constant_makes_the_check_fail(form: BoundForm, names: tuple[str, ...]) -> None:
+    assert first_violation(form, names) is not None
+
+
+def test_the_stale_surrogate_error_grows_with_the_updates_before_it() -> None:
+    # Prop 3.3's right-hand side grows with i; so does the exact |L_i - L_i^stale| on a chain team.
+    rng = np.random.default_rng(3)
+    instance = chain_instance(6, rng, rounds=2)
+    team = TabularTeam(instance, chain_warm_logits(instance, rng), 0.05)
+    (stage,) = train(team, ScheduleConfig(kind="naive"), stages=1)
+    gaps = [abs(u.surrogate_intermediate - u.surrogate_stale) for u in stage.updates]
+    assert gaps[0] == pytest.approx(0.0, abs=1e-15)
+    assert gaps[-1] > gaps[1] > 0
