@@ -30,16 +30,13 @@ def _parse_knobs(pairs: list[str]) -> list[dict]:
 
 def _instances(task: str, limit: int, seed: int, knobs: list[dict], benchmarks_dir: Path | None):
     from teamtr.evals.benchmarks import benchmark_names, load_benchmark
-    from teamtr.evals.tasks import get_task, task_names
+    from teamtr.evals.tasks import get_task
 
     if task in benchmark_names():
         if knobs != [{}]:
             raise typer.BadParameter("difficulty knobs apply to generated task families, not benchmark files")
         family, instances = load_benchmark(task, benchmarks_dir)
         return family, instances[:limit]
-    if task not in task_names():
-        known = ", ".join(task_names() + benchmark_names())
-        raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
     family = get_task(task)
     instances = []
     for knob in knobs:
@@ -107,18 +104,26 @@ def eval_command(
     if responses is not None and baseline:
         raise typer.BadParameter("--baseline needs a model to sample from, not --responses")
 
-    family, instances = _instances(task, limit, seed, _parse_knobs(difficulty or []), benchmarks_dir)
-    show_progress = not as_json
-    runners = None
-    if responses is not None:
-        team_runner = responses_file_runner(responses)
-    else:
-        from teamtr.evals.runners import EngineRunners, load_team_spec
+    if task not in task_names() + benchmark_names():
+        known = ", ".join(task_names() + benchmark_names())
+        raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
+    knobs = _parse_knobs(difficulty or [])
+    spec = None
+    if team_or_run_dir is not None:  # check the team before spending time on instances
+        from teamtr.evals.runners import load_team_spec
 
         try:
             spec = load_team_spec(team_or_run_dir, task, roles)
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
+    family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)
+    show_progress = not as_json
+    runners = None
+    if spec is None:
+        team_runner = responses_file_runner(responses)
+    else:
+        from teamtr.evals.runners import EngineRunners
+
         runners = EngineRunners(
             spec, family, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, threads=threads
         )
