@@ -1,0 +1,225 @@
+"""Algorithm 1 on a real (tiny) LLM team: schedules resample exactly when they should, the trust region
+holds, a rejected update leaves the adapter bit-identical, and a run killed with SIGKILL resumes to the
+same adapters as an uninterrupted run.
+
+The team is the chain team's three roles on a seconds-sized random Llama; the task rewards a final
+message that starts with a digit, which a random model does often enough to give every group a spread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from teamtr.training.config import TrainConfig
+from teamtr.training.metrics import read_metrics
+
+torch.set_num_threads(1)
+
+TASK_SOURCE = """
+from teamtr.evals.task import TaskInstance
+from teamtr.evals.tasks import register, task_names
+
+
+class DigitStart:
+    name = "test-digit-start"
+    description = "test task: the team's final message starts with a digit"
+
+    def generate(self, n, seed, **knobs):
+        return [TaskInstance(id=f"d-{seed}-{i}", prompt=f"{i}+{seed % 7}", answer=None) for i in range(n)]
+
+    def extract_answer(self, response):
+        return response[:1] or None
+
+    def verify(self, instance, response):
+        return float(response[:1].isdigit())
+
+
+if DigitStart.name not in task_names():
+    register(DigitStart)
+"""
+exec(TASK_SOURCE)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from teamtr.training.warmstart import tiny_random_model
+
+    return str(tiny_random_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
+    base = {
+        "run_dir": str(run_dir),
+        "stages": 1,
+        "task": {"name": "test-digit-start"},
+        "team": {"model": model, "lora_rank": 4},
+        "rollout": {"prompts_per_update": 3, "group_size": 4},
+        "optim": {"lr": 5e-3, "epochs": 2, "minibatch_messages": 6},
+        "eval": {"stage_episodes": 4, "final_episodes": 4},
+    }
+    return TrainConfig.from_dict(base).with_overrides(overrides)
+
+
+def train(cfg: TrainConfig) -> list[dict]:
+    from teamtr.training.trainer import Trainer
+
+    Trainer(cfg).train()
+    return read_metrics(cfg.run_dir, kind="update")
+
+
+def test_teamtr_resamples_after_every_update(tiny_model, tmp_path):
+    updates = train(small_config(tiny_model, tmp_path / "run", **{"schedule.kind": "teamtr"}))
+    assert [u["index"] for u in updates] == [1, 2, 3]
+    for prev, cur in zip(updates, updates[1:], strict=False):
+        # the batch of update i was sampled after update i-1 was swapped in: its episodes carry the new version
+        assert cur["batch_turn_versions"][prev["adapter"]] == [prev["version_after"]]
+        assert cur["fresh"] and cur["batch_key"] != prev["batch_key"]
+    assert all(u["batch_turn_versions"] == {a: [v] for a, v in u["versions_before"].items()} for u in updates)
+
+
+def test_naive_reuses_the_stage_start_batch(tiny_model, tmp_path):
+    updates = train(
+        small_config(
+            tiny_model, tmp_path / "run", **{"schedule.kind": "naive", "schedule.diagnose_stale_gap": True}
+        )
+    )
+    start = updates[0]["batch_turn_versions"]
+    assert all(u["batch_turn_versions"] == start for u in updates)
+    assert {u["batch_key"] for u in updates} == {"s0-k0"}
+    assert not any(u["fresh"] for u in updates[1:])
+    # the diagnostic fresh batches measure the stale gap and occupancy divergence for i >= 2
+    assert all(u["stale_gap"] is not None and u["occupancy_divergence"] is not None for u in updates[1:])
+
+
+def test_importance_weighting_logs_ess(tiny_model, tmp_path):
+    updates = train(small_config(tiny_model, tmp_path / "run", **{"schedule.kind": "importance_weighting"}))
+    assert updates[0]["ess"] is None
+    assert all(0.0 < u["ess"] <= 1.0 + 1e-9 for u in updates[1:])
+
+
+def test_every_accepted_update_is_inside_the_trust_region(tiny_model, tmp_path):
+    cfg = small_config(
+        tiny_model,
+        tmp_path / "run",
+        stages=2,
+        **{
+            "optim.lr": 5e-2,
+            "trust_region.delta": 0.02,
+            "trust_region.estimator": "k3",
+            "trust_region.max_backtracks": 2,
+        },
+    )
+    updates = train(cfg)
+    assert any(u["backtracks"] > 0 or not u["accepted"] for u in updates), "no update ever left the region"
+    for u in updates:
+        if u["accepted"]:
+            assert u["d_hat"] <= cfg.trust_region.delta
+        else:
+            assert u["version_after"] == u["versions_before"][u["adapter"]]
+
+
+def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path):
+    from teamtr.evals.tasks import get_task
+    from teamtr.graphs.chain_team import chain_roles
+    from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.training.metrics import MetricsLog
+    from teamtr.training.stage import UpdateContext
+    from teamtr.training.trainer import Callbacks, LLMStageTeam, RunState
+
+    cfg = small_config(
+        tiny_model, tmp_path / "run", **{"optim.lr": 0.5, "trust_region.delta": 1e-9, "trust_region.max_backtracks": 1,
+                                         "trust_region.estimator": "k3"}
+    )  # fmt: skip
+    roles = chain_roles()
+    torch.manual_seed(0)
+    engine = EmbeddedEngine(
+        tiny_model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1
+    )
+    team = LLMStageTeam(cfg, engine, roles, get_task("test-digit-start"), MetricsLog(tmp_path / "run", tensorboard=False),
+                        RunState(), tmp_path / "run", Callbacks())  # fmt: skip
+    batch = team.rollout(0, 0)
+    # give the optimizer state first, so that restoring it is part of what is checked
+    first = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
+    before = {k: p.detach().clone() for k, p in engine.adapter_parameters("adder1").items()}
+    opt_before = {id_: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+                  for id_, s in team.optimizers["adder1"].state_dict()["state"].items()}  # fmt: skip
+    version = engine.adapter_version("adder1")
+    record = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
+    assert not record["accepted"] and len(record["attempts"]) == 2 and first is not record
+    assert engine.adapter_version("adder1") == version
+    for k, p in engine.adapter_parameters("adder1").items():
+        assert torch.equal(p.detach(), before[k]), k
+    opt_after = team.optimizers["adder1"].state_dict()["state"]
+    for id_, s in opt_before.items():
+        for k, v in s.items():
+            assert torch.equal(opt_after[id_][k], v)
+
+
+RUNNER = """
+import sys
+import torch
+torch.set_num_threads(1)
+{task}
+from teamtr.training.config import TrainConfig
+from teamtr.training.trainer import Trainer
+
+Trainer(TrainConfig.from_yaml(sys.argv[1])).train()
+"""
+
+
+def _run_to_completion(script: Path, config: Path) -> None:
+    subprocess.run([sys.executable, str(script), str(config)], check=True, capture_output=True, timeout=600)
+
+
+def _final_adapters(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    out = {}
+    for role_dir in sorted((run_dir / "adapters").iterdir()):
+        last = max(role_dir.iterdir(), key=lambda p: int(p.name[1:]))
+        out[f"{role_dir.name}/{last.name}"] = load_file(last / "adapter_model.safetensors")
+    return out
+
+
+def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER.format(task=textwrap.dedent(TASK_SOURCE)))
+    env_free = {"stages": 2}
+    ref_cfg = small_config(tiny_model, tmp_path / "reference", **env_free)
+    cut_cfg = small_config(tiny_model, tmp_path / "interrupted", **env_free)
+    ref_cfg.to_yaml(tmp_path / "reference.yaml")
+    cut_cfg.to_yaml(tmp_path / "interrupted.yaml")
+    _run_to_completion(script, tmp_path / "reference.yaml")
+
+    # run, SIGKILL it once it has completed two updates (mid-stage 0 or later), rerun the same command
+    metrics = tmp_path / "interrupted" / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "interrupted.yaml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count('"kind": "update"') >= 2:
+            break
+        time.sleep(0.05)
+    killed_mid_run = proc.poll() is None
+    if killed_mid_run:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert killed_mid_run, "the run finished before it could be killed"
+    _run_to_completion(script, tmp_path / "interrupted.yaml")
+
+    ref, resumed = _final_adapters(tmp_path / "reference"), _final_adapters(tmp_path / "interrupted")
+    assert ref.keys() == resumed.keys()
+    for name in ref:
+        for k in ref[name]:
+            assert torch.equal(ref[name][k], resumed[name][k]), f"{name} {k}"
+    assert [r["d_hat"] for r in read_metrics(tmp_path / "reference", "update")] == [
+        r["d_hat"] for r in read_metrics(tmp_path / "interrupted", "update")
+    ]
