@@ -145,6 +145,7 @@ class Server:
     vllm_server: Any = None
 
     async def aclose(self) -> None:
+        await self.registry.close()  # a shared vLLM server must not keep this server's adapters
         if self.tracer is not None:
             self.tracer.shutdown()
         close = getattr(self.engine, "aclose", None)
