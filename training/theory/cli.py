@@ -40,11 +40,22 @@ def scaling(
     stages: int = typer.Option(3, "--stages", min=1, help="Stages K per run."),
     agents: str = typer.Option("2-8", "--agents", help="Team sizes, e.g. 2-8 or 2,4,8."),
     delta: float = typer.Option(0.01, "--delta", min=1e-6, help="Per-message KL trust-region radius."),
+    competence: float = typer.Option(
+        4.0, "--competence", help="Warm start: logit bonus of the message that keeps the chain intact."
+    ),
+    rounds: int = typer.Option(2, "--rounds", min=1, help="Turns per agent per episode (T = rounds * n)."),
     out: Path = typer.Option(Path("runs/theory/scaling.png"), "--out", help="Where to write the figure."),
 ) -> None:
     """Stale gap and occupancy divergence vs n for naive sequential and TeamTR (exact), with exponents."""
     try:
-        cfg = ScalingConfig(agents=_agents(agents), seeds=seeds, stages=stages, delta=delta)
+        cfg = ScalingConfig(
+            agents=_agents(agents),
+            seeds=seeds,
+            stages=stages,
+            delta=delta,
+            competence=competence,
+            rounds=rounds,
+        )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     console = Console(stderr=json_out)

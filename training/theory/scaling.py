@@ -189,6 +189,7 @@ def plot_scaling(result: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -212,6 +213,9 @@ def plot_scaling(result: dict[str, Any], path: Path) -> Path:
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xticks(sorted({r["n"] for r in runs}))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("agents n")
         ax.set_title(f"{title} per stage (exact)")
         ax.legend()
@@ -222,7 +226,9 @@ def plot_scaling(result: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("update index i in the stage")
     ax.set_ylabel("ESS / B")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"importance weights of the stale batch, n={result['importance_weighting']['n']}")
+    ax.set_title(
+        f"importance weights of the stale batch (cold team, n={result['importance_weighting']['n']})"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
