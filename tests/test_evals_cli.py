@@ -107,3 +107,26 @@ def test_bad_input_gets_clear_errors(tmp_path):
     assert "KNOB=VALUE" in _error(["eval", str(tmp_path), "--task", "zebra", "-d", "houses"])
     knob_typo = ["eval", "--task", "zebra", "-d", "rooms=2", "--responses", str(tmp_path / "r.jsonl")]
     assert "unknown difficulty knob" in _error(knob_typo)
+
+
+def test_a_run_directory_loads_the_newest_adapter_of_each_role(tiny_model_dir, tmp_path):
+    from teamtr.evals.runners import load_team_spec
+    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.training.checkpoint import adapter_dir
+    from teamtr.training.config import TrainConfig
+
+    run = tmp_path / "run"
+    roles = ["adder1", "adder2", "adder3"]
+    engine = EmbeddedEngine(str(tiny_model_dir), adapters={r: None for r in roles}, threads=1)
+    for role in roles:
+        for version in (0, 2, 10):  # v10 is the newest: numeric order, not string order
+            engine.save_adapter(role, adapter_dir(run, role, version))
+    cfg = TrainConfig.from_dict({"run_dir": str(run), "team": {"model": str(tiny_model_dir)}})
+    cfg.to_yaml(run / "config.yaml")
+
+    spec = load_team_spec(str(run), "chain")
+    assert spec.base == tiny_model_dir and [r.name for r in spec.roles] == roles
+    assert spec.adapters == {r: adapter_dir(run, r, 10) for r in roles}
+    args = ["eval", str(run), "--task", "chain", "--limit", "2", "--max-new-tokens", "4", "--json"]
+    out = _json(runner.invoke(app, [*args, "--out", str(tmp_path / "out")]))
+    assert out["episodes"] == 2 and out["k"] == 1
