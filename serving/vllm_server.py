@@ -64,6 +64,9 @@ class VLLMServerConfig:
     )
     max_model_len: int | None = None  # None: the model config's max_position_embeddings
     max_logprobs: int = 20
+    # "uni": the model runs inside the engine-core process instead of a separate worker: one Python
+    # start-up (importing torch + vllm) fewer. None: vLLM's choice (needed for tensor parallelism).
+    executor_backend: str | None = "uni"
     cpu_kvcache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (ignored by CUDA builds)
     startup_timeout_s: float = 300.0
     log_path: str | None = None  # None: a file under the system temp directory
@@ -101,6 +104,8 @@ class VLLMServerConfig:
             "--logprobs-mode",
             LOGPROBS_MODE,
         ]
+        if self.executor_backend:
+            cmd += ["--distributed-executor-backend", self.executor_backend]
         if self.lora_target_modules:
             cmd += ["--lora-target-modules", *self.lora_target_modules]
         if self.max_model_len is not None:
