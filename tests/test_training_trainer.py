@@ -26,8 +26,13 @@ from teamtr.training.metrics import read_metrics
 torch.set_num_threads(1)
 
 TASK_SOURCE = """
+import sys
+import types
+
 from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks import register, task_names
+from teamtr.graphs.chain_team import chain_roles
+from teamtr.serving.engine import SamplingParams
 
 
 class DigitStart:
@@ -46,6 +51,11 @@ class DigitStart:
 
 if DigitStart.name not in task_names():
     register(DigitStart)
+
+# the chain team's three roles, with short messages (a random model rarely writes the stop newline)
+_team = types.ModuleType("teamtr_test_team")
+_team.roles = lambda: chain_roles(sampling=SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\\n",)))
+sys.modules["teamtr_test_team"] = _team
 """
 exec(TASK_SOURCE)
 
@@ -62,7 +72,7 @@ def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
         "run_dir": str(run_dir),
         "stages": 1,
         "task": {"name": "test-digit-start"},
-        "team": {"model": model, "lora_rank": 4},
+        "team": {"model": model, "lora_rank": 4, "roles": "teamtr_test_team:roles"},
         "rollout": {"prompts_per_update": 3, "group_size": 4},
         "optim": {"lr": 5e-3, "epochs": 2, "minibatch_messages": 6},
         "eval": {"stage_episodes": 4, "final_episodes": 4},
@@ -130,7 +140,6 @@ def test_every_accepted_update_is_inside_the_trust_region(tiny_model, tmp_path):
 
 def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path):
     from teamtr.evals.tasks import get_task
-    from teamtr.graphs.chain_team import chain_roles
     from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
     from teamtr.training.metrics import MetricsLog
     from teamtr.training.stage import UpdateContext
@@ -140,7 +149,7 @@ def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path
         tiny_model, tmp_path / "run", **{"optim.lr": 0.5, "trust_region.delta": 1e-9, "trust_region.max_backtracks": 1,
                                          "trust_region.estimator": "k3"}
     )  # fmt: skip
-    roles = chain_roles()
+    roles = sys.modules["teamtr_test_team"].roles()
     torch.manual_seed(0)
     engine = EmbeddedEngine(
         tiny_model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1
@@ -195,9 +204,8 @@ def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
     env_free = {"stages": 2}
     ref_cfg = small_config(tiny_model, tmp_path / "reference", **env_free)
     cut_cfg = small_config(tiny_model, tmp_path / "interrupted", **env_free)
-    ref_cfg.to_yaml(tmp_path / "reference.yaml")
     cut_cfg.to_yaml(tmp_path / "interrupted.yaml")
-    _run_to_completion(script, tmp_path / "reference.yaml")
+    train(ref_cfg)  # uninterrupted, in this process
 
     # run, SIGKILL it once it has completed two updates (mid-stage 0 or later), rerun the same command
     metrics = tmp_path / "interrupted" / "metrics.jsonl"
