@@ -267,3 +267,29 @@ def test_split_needs_every_table_and_rejects_other_symbols(seed, hops, size):
     for other in last_layer - {inst.answer}:
         assert family.verify(inst, other) == 0.0
     assert family.verify(inst, f"{inst.answer}0") == 0.0
+
+
+def test_generators_do_not_depend_on_the_process_hash_seed():
+    """Sets of clues and the like must not leak Python's per-process string hashing into the instances."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from teamtr.evals.tasks import get_task\n"
+        f"for name in {FAMILIES!r}:\n"
+        "    print([x.prompt for x in get_task(name).generate(3, 4)])\n"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": str(h)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for h in (1, 2)
+    }
+    assert len(outputs) == 1
+    here = "".join(str([x.prompt for x in get_task(name).generate(3, 4)]) + "\n" for name in FAMILIES)
+    assert outputs == {here}
