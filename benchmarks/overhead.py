@@ -1,0 +1,74 @@
+"""Cost of intermediate-occupancy resampling: TeamTR vs naive sequential, side by side in one process.
+
+    .venv/bin/python benchmarks/overhead.py [--stages 2] [--model DIR] [--out runs/overhead]
+
+Both runs use the same config except the schedule. Prints rollout tokens and wall time per stage and per
+update, and the ratios TeamTR / naive (the paper: +11.1% tokens, 1.12x wall per update, at its scale,
+where one rollout batch is small next to the optimisation it feeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from teamtr.training.config import TrainConfig
+from teamtr.training.demo import DEMO_CONFIG
+from teamtr.training.metrics import read_metrics
+from teamtr.training.trainer import Trainer
+
+
+def measure(cfg: TrainConfig) -> dict[str, float]:
+    t0 = time.perf_counter()
+    summary = Trainer(cfg).train()
+    wall = time.perf_counter() - t0
+    updates = read_metrics(cfg.run_dir, kind="update")
+    evals = read_metrics(cfg.run_dir, kind="eval")
+    stages = summary["stages"]
+    return {
+        "stages": stages,
+        "updates": len(updates),
+        "rollout_tokens": summary["train_tokens"],
+        "tokens_per_stage": summary["train_tokens"] / stages,
+        "wall_per_stage_s": wall / stages,
+        "wall_per_update_s": sum(u["seconds"] for u in updates) / len(updates),
+        "total_wall_s": wall,
+        "eval_episodes": sum(e["episodes"] for e in evals),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--model", default=None, help="base model dir (default: the warm-started demo model)")
+    ap.add_argument("--out", default="runs/overhead")
+    args = ap.parse_args()
+    base = TrainConfig.from_dict(DEMO_CONFIG).with_overrides(
+        {"stages": args.stages, "team.model": args.model, "eval.stage_episodes": 0}
+    )
+    results = {}
+    for kind in ("teamtr", "naive"):
+        run_dir = Path(args.out) / kind
+        if run_dir.exists():
+            import shutil
+
+            shutil.rmtree(run_dir)
+        results[kind] = measure(base.with_overrides({"schedule.kind": kind, "run_dir": str(run_dir)}))
+    t, n = results["teamtr"], results["naive"]
+    ratios = {
+        "tokens_per_stage": t["tokens_per_stage"] / n["tokens_per_stage"],
+        "wall_per_stage": t["wall_per_stage_s"] / n["wall_per_stage_s"],
+        "wall_per_update": t["wall_per_update_s"] / n["wall_per_update_s"],
+    }
+    print(json.dumps({"teamtr": t, "naive": n, "ratio_teamtr_over_naive": ratios}, indent=1))
+    print(
+        f"TeamTR / naive: rollout tokens per stage x{ratios['tokens_per_stage']:.2f} "
+        f"({(ratios['tokens_per_stage'] - 1) * 100:+.1f}%), wall per stage x{ratios['wall_per_stage']:.2f}, "
+        f"wall per update (rollout excluded) x{ratios['wall_per_update']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
