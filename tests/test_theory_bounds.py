@@ -25,7 +25,7 @@ def violated(checks, names=BOUND_NAMES) -> list[str]:
     ]
 
 
-@settings(max_examples=1200, deadline=None)
+@settings(max_examples=2000, deadline=None)
 @given(seeds)
 def test_no_bound_is_ever_violated_on_random_teams(seed: int) -> None:
     # occupancy shift, Thm 3.4 (paper constant and exact-eps form), Thm 3.6, Prop 3.3, Thm 3.7

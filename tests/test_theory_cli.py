@@ -50,6 +50,9 @@ def test_scaling_json_has_exponents_table_and_ablation(tmp_path: Path) -> None:
     assert ess["5"] < ess["2"] < 1.0  # the stale batch's weights degenerate along the stage
     assert out["seconds"] > 0
     assert Path(out["figure"]) == figure and figure.stat().st_size > 10_000
+    lines = [json.loads(line) for line in Path(out["metrics"]).read_text().splitlines()]
+    assert len([x for x in lines if x["kind"] == "run"]) == 7 * 4  # n = 2..8, four schedules, one seed
+    assert lines[-1]["kind"] == "summary"
 
 
 def test_scaling_rejects_a_single_team_size() -> None:

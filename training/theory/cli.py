@@ -15,7 +15,7 @@ from rich.table import Table
 
 from teamtr.training.theory.bounds import BOUND_NAMES, INFORMATIONAL, BoundForm, CheckTally
 from teamtr.training.theory.cases import check_case, random_case
-from teamtr.training.theory.scaling import ScalingConfig, plot_scaling, run_scaling
+from teamtr.training.theory.scaling import ScalingConfig, plot_scaling, run_scaling, write_metrics
 
 app = typer.Typer(
     help="Exact theory lab: TeamTR's bounds and the n^2-vs-n scaling on exactly solvable teams.",
@@ -64,6 +64,7 @@ def scaling(
         result = run_scaling(cfg, progress=lambda _msg: progress.advance(task))
     figure = plot_scaling(result, out)
     result["figure"] = str(figure)
+    result["metrics"] = str(write_metrics(result, out.with_suffix(".jsonl")))
     if json_out:
         typer.echo(json.dumps(result))
         return
@@ -136,7 +137,7 @@ def _print_scaling(console: Console, result: dict[str, Any]) -> None:
         iw.add_row(delta, *(f"{values[i]:.3f}" for i in indices))
     iw.add_row("paper (LLM)", *("0.42" if i == "2" else "0.04" if i == "5" else "" for i in indices))
     console.print(iw)
-    console.print(f"figure: {result['figure']}   ({result['seconds']:.1f} s)")
+    console.print(f"figure: {result['figure']}   metrics: {result['metrics']}   ({result['seconds']:.1f} s)")
 
 
 @app.command()

@@ -18,6 +18,7 @@ interval is slope +- t_{0.975, dof} * stderr (scipy.stats.linregress).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -233,4 +234,15 @@ def plot_scaling(result: dict[str, Any], path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
+
+
+def write_metrics(result: dict[str, Any], path: Path) -> Path:
+    """One JSON line per (n, seed, schedule) run, then one line with the fits and the ablation."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for run in result["runs"]:
+            f.write(json.dumps({"kind": "run", **run}) + "\n")
+        summary = {k: result[k] for k in ("alphas", "importance_weighting", "config", "seconds")}
+        f.write(json.dumps({"kind": "summary", **summary}) + "\n")
     return path
