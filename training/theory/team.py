@@ -93,8 +93,20 @@ class TabularTeam:
     def roles(self) -> list[str]:
         return list(self.instance.agent_names)
 
+    @property
+    def logits(self) -> Logits:
+        return self._logits
+
+    @logits.setter
+    def logits(self, value: Logits) -> None:
+        self._logits = value
+        self._evaluation: Evaluation | None = None  # the team changed: evaluate again when asked
+
     def evaluation(self) -> Evaluation:
-        return evaluate(self.instance, self.logits)
+        """Exact statistics of the current team (cached until its logits change)."""
+        if self._evaluation is None:
+            self._evaluation = evaluate(self.instance, self._logits)
+        return self._evaluation
 
     # --- StageTeam protocol -------------------------------------------------------------------
     def rollout(self, stage: int, index: int) -> ExactBatch:
