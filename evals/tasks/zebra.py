@@ -38,6 +38,9 @@ _CLUE_SYMBOLS = {
 }
 
 
+_NAME_CHARS = 6  # values are cut to this many letters when that keeps them unique (short prompts)
+
+
 @dataclass(frozen=True)
 class ZebraDifficulty:
     """Defaults: 3 houses x 2 attributes. 2x2 is very easy; ZebraLogic goes up to 6x6."""
@@ -51,15 +54,20 @@ class ZebraDifficulty:
 
 
 def _value_names(solution: dict) -> dict[Any, str]:
-    """Short, unique, lower-case names for the grid values (the same word may appear in 2 categories)."""
-    base = {lit: lit.name.lower().replace("_", "") for lit in solution}
+    """Short, unique, lower-case names for the grid values: the first 6 letters where that is unique,
+    else the whole word, with a category prefix when two categories share a word (Name.alice and
+    Children.alice)."""
+    full = {lit: lit.name.lower().replace("_", "") for lit in solution}
     counts: dict[str, int] = {}
-    for name in base.values():
+    for name in full.values():
         counts[name] = counts.get(name, 0) + 1
-    return {
+    full = {
         lit: name if counts[name] == 1 else f"{type(lit).__name__.lower()[:3]}{name}"
-        for lit, name in base.items()
+        for lit, name in full.items()
     }
+    short = {lit: name[:_NAME_CHARS] for lit, name in full.items()}
+    clashes = {s for s in short.values() if list(short.values()).count(s) > 1}
+    return {lit: full[lit] if short[lit] in clashes else short[lit] for lit in full}
 
 
 class Zebra:
