@@ -231,3 +231,30 @@ def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
     assert [r["d_hat"] for r in read_metrics(tmp_path / "reference", "update")] == [
         r["d_hat"] for r in read_metrics(tmp_path / "interrupted", "update")
     ]
+
+
+def test_cli_train_prints_one_line_per_update_and_report_writes_pngs(tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from teamtr.graphs.cli import app
+
+    cfg = small_config(tiny_model, tmp_path / "run")
+    cfg.to_yaml(tmp_path / "c.yaml")
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["train", str(tmp_path / "c.yaml"), "--set", "schedule.diagnose_stale_gap=true"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("d_hat") >= 3 and "adder3" in result.output
+    result = runner.invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "plots")])
+    assert result.exit_code == 0, result.output
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert pngs == [
+        "certificate_vs_improvement.png",
+        "kl_per_update.png",
+        "return_per_stage.png",
+        "stale_gap.png",
+    ]
+    assert all((tmp_path / "plots" / p).stat().st_size > 1000 for p in pngs)
+    bad = runner.invoke(app, ["train", str(tmp_path / "missing.yaml")])
+    assert bad.exit_code != 0

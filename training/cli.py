@@ -45,7 +45,7 @@ class RichCallbacks(Callbacks):
         self.p.update(
             self.stage_bar, total=stages, completed=stage, description=f"stage {stage + 1}/{stages}"
         )
-        self.p.update(self.role_bar, completed=0, description="roles")
+        self.p.update(self.role_bar, total=len(order), completed=0, description="roles")
 
     def rollout(self, stage: int, team_index: int, episodes: int) -> None:
         self.p.update(
