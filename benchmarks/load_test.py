@@ -1,16 +1,17 @@
 """Load test of the team chat API while adapters are hot-swapped, with the API's overhead measured in the run.
 
-    .venv/bin/python benchmarks/load_test.py --engine embedded          # or vllm, or both
-    .venv/bin/python benchmarks/load_test.py --engine both --requests 256 --clients 32 --swaps 5
+    .venv/bin/python benchmarks/load_test.py --engine both      # embedded, then vllm (launched here)
+    .venv/bin/python benchmarks/load_test.py --engine embedded --requests 128 --rounds 3 --clients 32 --swaps 5
 
-For each engine, in one run, on the same model, adapters and tasks:
-1. direct: `--clients` concurrent workers run the team in process (registry pins + `Team.arun`), the
-   floor the API adds to; `--swaps` new adapter versions are promoted during it, as in (2);
-2. api: a real `teamtr serve` subprocess (uvicorn, tracing to its SQLite store on, as by default);
-   `--clients` concurrent HTTP clients send `--requests` chat completions while a swapper promotes a new
-   version of every role's adapter `--swaps` times through POST /admin/adapters.
-Prints p50 / p99 latency, throughput, failed requests (must be 0) and the API / direct ratios, and writes
-them as JSON. Everything is on 127.0.0.1; request count and time are bounded (--timeout-s).
+For each engine, on the same model, adapters and tasks, `--rounds` interleaved rounds of:
+1. direct: `--clients` concurrent workers run the team in process (registry pins + `Team.arun`): the
+   floor the API adds to;
+2. api: a real `teamtr serve` subprocess (uvicorn, tracing to its SQLite store on, as by default) and
+   `--clients` concurrent HTTP clients;
+each round sends `--requests` requests while a new version of every role's adapter is promoted `--swaps`
+times (through POST /admin/adapters for the api). Prints p50 / p99 latency, throughput, failed requests
+(must be 0) and the API / direct ratios, and writes them as JSON. Everything is on 127.0.0.1; request
+count and time are bounded (--timeout-s per round).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from teamtr.serving.vllm_server import free_port
 ROLES = ("adder1", "adder2", "adder3")
 ROLES_FACTORY = "teamtr.graphs.chain_team:chain_roles"
 ADMIN_KEY = "load-test-admin"
-console = Console()
+API_VERSION_BASE = 1001
+console = Console(width=150)
 
 
 @dataclass
@@ -94,15 +96,15 @@ def tiny_model(out: Path) -> Path:
     return Path(tiny_random_model(out, seed=0))
 
 
-def prepare(work: Path, model_dir: Path, swaps: int) -> tuple[Path, Path]:
-    """A run directory holding v1 of every role (served at start) and a folder of v2..v{swaps+1} to push."""
+def prepare(work: Path, model_dir: Path, first: int, pending_versions: int) -> tuple[Path, Path]:
+    """A run directory holding v<first> of every role (served at start) and the versions to push next."""
     run, pending = work / "run", work / "pending"
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(
         yaml.safe_dump({"team": {"roles": ROLES_FACTORY, "model": str(model_dir)}})
     )
-    write_adapter_versions(model_dir, run, range(1, 2))
-    write_adapter_versions(model_dir, pending, range(2, swaps + 2))
+    write_adapter_versions(model_dir, run, range(first, first + 1))
+    write_adapter_versions(model_dir, pending, range(first + 1, first + 1 + pending_versions))
     return run, pending
 
 
@@ -114,18 +116,17 @@ def swap_points(requests: int, swaps: int) -> list[int]:
 # ---- direct: the team in process ---------------------------------------------------------------------
 
 
-async def run_direct(config: ServeConfig, tasks: list[str], clients: int, swaps: int, pending: Path) -> Phase:
-    server = await build_server(
-        config.model_copy(update={"tracing": config.tracing.model_copy(update={"sqlite_path": None})})
-    )
+async def direct_round(
+    server, tasks: list[str], clients: int, pushes: list[list[tuple[str, int, Path]]]
+) -> Phase:
+    """`clients` workers run the team in process; `pushes[k]` is promoted after (k+1)/(len+1) of the tasks."""
     served = server.teams["chain"]
-    phase, done, queue = Phase("direct"), [0], list(enumerate(tasks))
-    points = swap_points(len(tasks), swaps)
-    await _warm_up_direct(served, server.registry)
+    phase, done, queue = Phase("direct"), [0], list(tasks)
+    points = swap_points(len(tasks), len(pushes))
 
     async def worker() -> None:
         while queue:
-            i, task = queue.pop()
+            task = queue.pop()
             t0 = time.perf_counter()
             try:
                 async with server.registry.pin(sorted(served.adapters.values())) as pinned:
@@ -138,24 +139,17 @@ async def run_direct(config: ServeConfig, tasks: list[str], clients: int, swaps:
             done[0] += 1
 
     async def swapper() -> None:
-        for k, point in enumerate(points):
+        for point, swap in zip(points, pushes, strict=True):
             while done[0] < point:
                 await asyncio.sleep(0.005)
-            for role in ROLES:
-                version, path = version_dirs(pending, role)[k]
+            for role, version, path in swap:
                 await server.registry.push(role, path, version)
             phase.swaps_done += 1
 
     t0 = time.perf_counter()
     await asyncio.gather(swapper(), *(worker() for _ in range(clients)))
     phase.wall_s = time.perf_counter() - t0
-    await server.aclose()
     return phase
-
-
-async def _warm_up_direct(served, registry) -> None:
-    async with registry.pin(sorted(served.adapters.values())) as pinned:
-        await served.team.arun("1+2+3+4", adapter_pins={r: pinned[a] for r, a in served.adapters.items()})
 
 
 # ---- api: a real server subprocess --------------------------------------------------------------------
@@ -197,93 +191,128 @@ def start_api_server(run: Path, engine: str, vllm_url: str | None, log: Path) ->
     raise RuntimeError("server did not become healthy")
 
 
-async def run_api(
-    url: str, tasks: list[str], clients: int, swaps: int, pending: Path, timeout_s: float
+async def api_round(
+    http: httpx.AsyncClient, tasks: list[str], clients: int, pushes: list[list[tuple[str, int, Path]]]
 ) -> Phase:
-    phase, done, queue = Phase("api"), [0], list(enumerate(tasks))
-    points = swap_points(len(tasks), swaps)
-    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as http:
-        r = await http.post(
-            "/v1/chat/completions",
-            json={"model": "chain", "messages": [{"role": "user", "content": "1+2+3+4"}]},
-        )  # warm-up
-        r.raise_for_status()
+    """`clients` concurrent HTTP clients; `pushes` promoted through POST /admin/adapters during the round."""
+    phase, done, queue = Phase("api"), [0], list(tasks)
+    points = swap_points(len(tasks), len(pushes))
 
-        async def worker() -> None:
-            while queue:
-                i, task = queue.pop()
-                t0 = time.perf_counter()
-                try:
-                    r = await http.post(
-                        "/v1/chat/completions",
-                        json={"model": "chain", "messages": [{"role": "user", "content": task}]},
-                    )
-                    if r.status_code != 200:
-                        phase.failures.append(f"{r.status_code}: {r.text[:200]}")
-                    else:
-                        phase.latencies_s.append(time.perf_counter() - t0)
-                        phase.versions_seen.update(r.json()["teamtr"]["adapter_versions"].values())
-                except httpx.HTTPError as e:
-                    phase.failures.append(f"{type(e).__name__}: {e}")
-                done[0] += 1
+    async def worker() -> None:
+        while queue:
+            task = queue.pop()
+            t0 = time.perf_counter()
+            try:
+                r = await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "chain", "messages": [{"role": "user", "content": task}]},
+                )
+                if r.status_code != 200:
+                    phase.failures.append(f"{r.status_code}: {r.text[:200]}")
+                else:
+                    phase.latencies_s.append(time.perf_counter() - t0)
+                    phase.versions_seen.update(r.json()["teamtr"]["adapter_versions"].values())
+            except httpx.HTTPError as e:
+                phase.failures.append(f"{type(e).__name__}: {e}")
+            done[0] += 1
 
-        async def swapper() -> None:
-            for k, point in enumerate(points):
-                while done[0] < point:
-                    await asyncio.sleep(0.005)
-                for role in ROLES:
-                    version, path = version_dirs(pending, role)[k]
-                    r = await http.post(
-                        "/admin/adapters",
-                        json={"role": role, "path": str(path), "version": version},
-                        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                    )
-                    if r.status_code != 200:
-                        phase.failures.append(f"swap {role} v{version}: {r.status_code} {r.text[:200]}")
-                phase.swaps_done += 1
+    async def swapper() -> None:
+        for point, swap in zip(points, pushes, strict=True):
+            while done[0] < point:
+                await asyncio.sleep(0.005)
+            for role, version, path in swap:
+                r = await http.post(
+                    "/admin/adapters",
+                    json={"role": role, "path": str(path), "version": version},
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                )
+                if r.status_code != 200:
+                    phase.failures.append(f"swap {role} v{version}: {r.status_code} {r.text[:200]}")
+            phase.swaps_done += 1
 
-        t0 = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(swapper(), *(worker() for _ in range(clients))), timeout_s)
-        phase.wall_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    await asyncio.gather(swapper(), *(worker() for _ in range(clients)))
+    phase.wall_s = time.perf_counter() - t0
     return phase
 
 
 # ---- one engine ---------------------------------------------------------------------------------------
 
 
-def bench_engine(engine: str, model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
-    run, pending = prepare(work / engine, model_dir, args.swaps)
-    tasks = [t.prompt for t in get_task("chain").generate(args.requests, seed=args.seed)]
-    vllm = None
-    vllm_url = args.vllm_url
-    if engine == "vllm" and not vllm_url:
-        from teamtr.serving.vllm_server import start_vllm_server
+def push_plan(pending: Path, first: int, rounds: int, swaps: int) -> list[list[list[tuple[str, int, Path]]]]:
+    """plan[round][swap] = [(role, version, dir)] promoting one new version of every role."""
+    dirs = {role: dict(version_dirs(pending, role)) for role in ROLES}
+    versions = iter(range(first, first + rounds * swaps))
+    plan = []
+    for _ in range(rounds):
+        round_swaps = []
+        for _ in range(swaps):
+            v = next(versions)
+            round_swaps.append([(role, v, dirs[role][v]) for role in ROLES])
+        plan.append(round_swaps)
+    return plan
 
-        console.print("starting a vLLM server (~30-60 s on CPU)...")
-        vllm = start_vllm_server(model_dir, max_loras=8)
-        vllm_url = vllm.url
+
+def merge(phases: list[Phase], name: str) -> Phase:
+    out = Phase(name)
+    for p in phases:
+        out.latencies_s += p.latencies_s
+        out.failures += p.failures
+        out.wall_s += p.wall_s
+        out.swaps_done += p.swaps_done
+        out.versions_seen |= p.versions_seen
+    return out
+
+
+async def bench_engine_async(
+    engine: str, model_dir: Path, work: Path, args: argparse.Namespace, vllm_url: str | None
+) -> dict:
+    # direct serves versions 1.., the api server 1001..: distinct engine names on a shared vLLM server
+    n_versions = args.rounds * args.swaps
+    run_d, pending_d = prepare(work / f"{engine}-direct", model_dir, 1, n_versions)
+    run_a, pending_a = prepare(work / f"{engine}-api", model_dir, API_VERSION_BASE, n_versions)
+    plan_d, plan_a = (
+        push_plan(pending_d, 2, args.rounds, args.swaps),
+        push_plan(pending_a, API_VERSION_BASE + 1, args.rounds, args.swaps),
+    )
+    config = ServeConfig.from_run_dir(
+        run_d, "chain", engine=engine, vllm_url=vllm_url, tracing={"sqlite_path": None}
+    )
+    direct_server = await build_server(config)
+    process, url = start_api_server(run_a, engine, vllm_url, work / f"{engine}-server.log")
+    limits = httpx.Limits(max_connections=args.clients + 2, max_keepalive_connections=args.clients + 2)
+    directs, apis = [], []
     try:
-        config = ServeConfig.from_run_dir(run, "chain", engine=engine, vllm_url=vllm_url)
-        console.print(
-            f"[{engine}] direct: {args.requests} episodes, {args.clients} workers, {args.swaps} swaps"
-        )
-        direct = asyncio.run(run_direct(config, tasks, args.clients, args.swaps, pending))
-        # the api phase promotes the same versions again on its own server: a fresh run directory
-        run2, pending2 = prepare(work / f"{engine}-api", model_dir, args.swaps)
-        process, url = start_api_server(run2, engine, vllm_url, work / f"{engine}-server.log")
-        try:
-            console.print(
-                f"[{engine}] api: {args.requests} requests, {args.clients} clients, {args.swaps} swaps"
-            )
-            api = asyncio.run(run_api(url, tasks, args.clients, args.swaps, pending2, args.timeout_s))
-        finally:
-            process.terminate()
-            process.wait(60)
+        async with httpx.AsyncClient(base_url=url, timeout=args.timeout_s, limits=limits) as http:
+            warm = "1+2+3+4"
+            (
+                await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "chain", "messages": [{"role": "user", "content": warm}]},
+                )
+            ).raise_for_status()
+            await direct_round(direct_server, [warm], 1, [])
+            for k in range(args.rounds):  # interleaved, so drifting machine load hits both alike
+                tasks = [t.prompt for t in get_task("chain").generate(args.requests, seed=args.seed + k)]
+                console.print(
+                    f"[{engine}] round {k + 1}/{args.rounds}: {args.requests} requests, "
+                    f"{args.clients} clients, {args.swaps} swaps, direct then api"
+                )
+                directs.append(
+                    await asyncio.wait_for(
+                        direct_round(direct_server, tasks, args.clients, plan_d[k]), args.timeout_s
+                    )
+                )
+                apis.append(
+                    await asyncio.wait_for(api_round(http, tasks, args.clients, plan_a[k]), args.timeout_s)
+                )
     finally:
-        if vllm is not None:
-            vllm.stop()
+        process.terminate()
+        process.wait(60)
+        await direct_server.aclose()
+    direct, api = merge(directs, "direct"), merge(apis, "api")
     d, a = direct.summary(), api.summary()
+    per_round = [x.summary()["mean_ms"] / y.summary()["mean_ms"] for x, y in zip(apis, directs, strict=True)]
     return {
         "engine": engine,
         "direct": d,
@@ -293,10 +322,26 @@ def bench_engine(engine: str, model_dir: Path, work: Path, args: argparse.Namesp
             "p99_ratio": a["p99_ms"] / d["p99_ms"],
             "mean_latency_ratio": a["mean_ms"] / d["mean_ms"],
             "throughput_ratio": a["throughput_rps"] / d["throughput_rps"],
+            "mean_latency_ratio_per_round": per_round,
         },
         "api_failures": api.failures[:10],
         "direct_failures": direct.failures[:10],
     }
+
+
+def bench_engine(engine: str, model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
+    vllm, vllm_url = None, args.vllm_url
+    if engine == "vllm" and not vllm_url:
+        from teamtr.serving.vllm_server import start_vllm_server
+
+        console.print("starting a vLLM server (~30-60 s on CPU)...")
+        vllm = start_vllm_server(model_dir, max_loras=8)
+        vllm_url = vllm.url
+    try:
+        return asyncio.run(bench_engine_async(engine, model_dir, work, args, vllm_url))
+    finally:
+        if vllm is not None:
+            vllm.stop()
 
 
 def print_results(results: list[dict]) -> None:
@@ -329,13 +374,14 @@ def print_results(results: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", choices=["embedded", "vllm", "both"], default="embedded")
-    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--requests", type=int, default=128, help="requests per phase per round")
+    p.add_argument("--rounds", type=int, default=3, help="direct / api rounds, interleaved")
     p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--swaps", type=int, default=5)
+    p.add_argument("--swaps", type=int, default=5, help="hot-swaps (a new version of every role) per round")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", type=Path, default=None, help="base model dir (default: a tiny random Llama)")
     p.add_argument("--vllm-url", default=None, help="attach to this vLLM server (it must serve --model)")
-    p.add_argument("--timeout-s", type=float, default=900.0, help="bound on each phase")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="bound on each round of each phase")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load_test.json"))
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))

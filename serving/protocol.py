@@ -187,7 +187,7 @@ class AdapterPushRequest(BaseModel):
 
     role: str = Field(min_length=1, max_length=128)
     path: str = Field(min_length=1, max_length=4096, description="peft adapter directory on the server")
-    version: int | None = Field(None, ge=1, description="default: from a v<N> directory name, or next")
+    version: int | None = Field(None, ge=0, description="default: from a v<N> directory name, or next")
 
 
 class AdapterRollbackRequest(BaseModel):
