@@ -37,7 +37,7 @@ def adapters(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("adapters")
     return {
         name: random_lora_adapter(vllm_model_dir, root / name, seed=seed)
-        for name, seed in [("a", 1), ("b", 2)]
+        for seed, name in enumerate("abcd", start=1)
     }
 
 
@@ -174,31 +174,31 @@ async def test_corrupt_adapter_is_refused_and_the_previous_one_keeps_serving(
 async def test_concurrent_generations_with_mixed_adapters_and_scoring(
     vllm_engine: VLLMEngine, embedded: EmbeddedEngine, adapters: dict[str, Path]
 ) -> None:
-    """Many episodes in flight (base and two adapters in one vLLM batch) while the trainer scores."""
-    await vllm_engine.load_adapter("r1", str(adapters["a"]))
-    await vllm_engine.load_adapter("r2", str(adapters["b"]))
-    embedded.load_adapter_sync("a", adapters["a"])
-    embedded.load_adapter_sync("b", adapters["b"])
+    """Many episodes in flight (the base and four adapters: every adapter slot of the server in use)
+    while the trainer scores. Catches base requests computed with another slot's adapter."""
+    for name in "abcd":
+        await vllm_engine.load_adapter(f"r-{name}", str(adapters[name]))
+        embedded.load_adapter_sync(name, adapters[name])
     tok = vllm_engine.tokenizer()
-    prompts = [tok(f"{i}+{i + 3}=")["input_ids"] for i in range(12)]
-    roles = [None, "r1", "r2"] * 4
+    prompts = [tok(f"{i}+{i + 3}=")["input_ids"] for i in range(15)]
+    roles = [None, "r-a", "r-b", "r-c", "r-d"] * 3
 
     async def one(i: int):
         return await vllm_engine.generate(
             prompts[i], adapter=roles[i], sampling=SamplingParams(max_new_tokens=8, seed=i)
         )
 
-    score_task = asyncio.to_thread(vllm_engine.score, prompts, [p[::-1] for p in prompts], "r1")
-    *gens, scored = await asyncio.gather(*(one(i) for i in range(12)), score_task)
-    exact_names = {None: None, "r1": "a", "r2": "b"}
+    score_task = asyncio.to_thread(vllm_engine.score, prompts, [p[::-1] for p in prompts], "r-a")
+    *gens, scored = await asyncio.gather(*(one(i) for i in range(15)), score_task)
     for i, gen in enumerate(gens):
-        exact = embedded.score([prompts[i]], [gen.completion_ids], exact_names[roles[i]])[0]
-        assert max_gap(gen.logprobs, exact) < TOLERANCE
+        exact_adapter = None if roles[i] is None else roles[i].removeprefix("r-")
+        exact = embedded.score([prompts[i]], [gen.completion_ids], exact_adapter)[0]
+        assert max_gap(gen.logprobs, exact) < TOLERANCE, roles[i]
     exact_scored = embedded.score(prompts, [p[::-1] for p in prompts], "a")
     for s, e in zip(scored, exact_scored, strict=True):
         assert max_gap(s, e) < TOLERANCE
-    await vllm_engine.unload_adapter("r1")
-    await vllm_engine.unload_adapter("r2")
+    for name in "abcd":
+        await vllm_engine.unload_adapter(f"r-{name}")
 
 
 async def test_bad_requests_get_vllms_message(vllm_engine: VLLMEngine) -> None:
