@@ -295,7 +295,7 @@ async def bench_engine_async(
             for k in range(args.rounds):  # interleaved, so drifting machine load hits both alike
                 tasks = [t.prompt for t in get_task("chain").generate(args.requests, seed=args.seed + k)]
                 console.print(
-                    f"[{engine}] round {k + 1}/{args.rounds}: {args.requests} requests, "
+                    f"{engine}: round {k + 1}/{args.rounds}: {args.requests} requests, "
                     f"{args.clients} clients, {args.swaps} swaps, direct then api"
                 )
                 directs.append(
@@ -366,7 +366,7 @@ def print_results(results: list[dict]) -> None:
     for r in results:
         o = r["overhead"]
         console.print(
-            f"[{r['engine']}] API / direct: p50 x{o['p50_ratio']:.2f}, p99 x{o['p99_ratio']:.2f}, "
+            f"{r['engine']}: API / direct: p50 x{o['p50_ratio']:.2f}, p99 x{o['p99_ratio']:.2f}, "
             f"mean latency x{o['mean_latency_ratio']:.2f}, throughput x{o['throughput_ratio']:.2f}"
         )
 

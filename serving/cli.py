@@ -9,6 +9,10 @@ live). `serve CONFIG.yaml` takes a `ServeConfig` (several teams, keys, tracing),
       chain:
         roles: teamtr.graphs.chain_team:chain_roles
         run_dir: runs/demo
+      duo:                            # a second team on the same engine, sharing adapters
+        roles: teamtr.graphs.chain_team:chain_roles
+        options: {steps: 2}
+        run_dir: runs/demo
     admin_key: change-me
     api_keys: [sk-team-1]
     tracing: {sqlite_path: traces.db, otlp_endpoint: http://127.0.0.1:6006/v1/traces}
@@ -48,6 +52,7 @@ class TeamSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     roles: str = "teamtr.graphs.chain_team:chain_roles"  # `module:function` returning list[Role]
+    options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of that function
     run_dir: str | None = None  # where adapters/<adapter>/v<N>/ live; the newest version is served
     adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
     temperature: float | None = Field(0.0, ge=0)  # every role samples at this temperature; None: as declared
@@ -99,11 +104,11 @@ class ServeConfig(BaseModel):
         return Path(p) if Path(p).is_absolute() else Path(self.base_dir) / p
 
 
-def load_roles(factory: str) -> list[Role]:
+def load_roles(factory: str, options: dict[str, Any] | None = None) -> list[Role]:
     module, _, attr = factory.partition(":")
     if not attr:
         raise ValueError(f"roles {factory!r}: expected 'module:function'")
-    roles = getattr(importlib.import_module(module), attr)()
+    roles = getattr(importlib.import_module(module), attr)(**(options or {}))
     if not roles or not all(isinstance(r, Role) for r in roles):
         raise ValueError(f"roles {factory!r} did not return a list of Role")
     return list(roles)
@@ -180,7 +185,7 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
     registry = AdapterRegistry(engine)
     teams: dict[str, ServedTeam] = {}
     for name, spec in config.teams.items():
-        roles = with_temperature(load_roles(spec.roles), spec.temperature)
+        roles = with_temperature(load_roles(spec.roles, spec.options), spec.temperature)
         for role in roles:
             if role.adapter is None or role.adapter in registry.adapters():
                 continue

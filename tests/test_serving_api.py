@@ -8,6 +8,7 @@ import json
 import httpx
 import openai
 import pytest
+import yaml
 from langchain_openai import ChatOpenAI
 from serving_fixtures import make_run_dir
 
@@ -302,3 +303,32 @@ def test_teamtr_serve_command_serves_a_run_directory(tiny_model_dir, tmp_path):
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_a_config_file_serves_several_teams_on_one_engine(tiny_model_dir, tmp_path):
+    make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    config_file = tmp_path / "serve.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(tiny_model_dir),
+                "teams": {
+                    "chain": {"roles": "teamtr.graphs.chain_team:chain_roles", "run_dir": "run"},
+                    "duo": {
+                        "roles": "teamtr.graphs.chain_team:chain_roles",
+                        "options": {"steps": 2},
+                        "run_dir": "run",
+                    },
+                },
+                "tracing": {"sqlite_path": "spans/traces.db"},
+            }
+        )
+    )
+    config = ServeConfig.from_yaml(config_file)
+    with BackgroundServer(config) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["chain", "duo"]
+        duo = client.chat.completions.create(model="duo", messages=[{"role": "user", "content": "1+2+3"}])
+        assert [t["role"] for t in duo.model_extra["teamtr"]["turns"]] == ["adder1", "adder2"]
+        assert server.server.registry.adapters() == ["adder1", "adder2", "adder3"]  # one version each, shared
+    assert (tmp_path / "spans" / "traces.db").is_file()  # relative paths resolve beside the config file
