@@ -146,6 +146,22 @@ def test_supervised_loss_decreases(tokenizer, task):
     assert after < 0.8 * before
 
 
+def test_shared_prefix_loss_equals_the_plain_loss(tokenizer, task):
+    cfg = tiny_config(batch_size=6)
+    model = new_model(tokenizer, cfg.hidden, cfg.layers, cfg.heads, seed=2)
+    batch = next(training_batches(tokenizer, task, chain_roles(cfg.steps), cfg))
+    grads = []
+    for share in (False, True):
+        model.zero_grad()
+        loss = completion_loss(model, batch, share_prefix=share)
+        loss.backward()
+        grads.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    (plain, g_plain), (shared, g_shared) = grads
+    assert shared == pytest.approx(plain, rel=1e-5)
+    for a, b in zip(g_plain, g_shared, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_team_evaluation_bookkeeping(tokenizer, task):
     model = new_model(tokenizer, 64, 2, 2, seed=1)
     instances = task.generate(6, seed=2)

@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import fcntl
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -253,12 +254,46 @@ def training_batches(
         b += 1
 
 
-def completion_loss(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the completion (message) tokens of the batch."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+def completion_loss(
+    model: PreTrainedModel, batch: dict[str, torch.Tensor], share_prefix: bool = True
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the completion (message) tokens of the batch.
+
+    Every context starts with the same tokens (the system prompt: about half of each sequence), so with
+    `share_prefix` that common prefix runs once, its key/value cache is repeated over the batch, and
+    only the rest runs per row: the same loss and gradients for about half the compute.
+    """
+    input_ids, labels, attention = batch["input_ids"], batch["labels"], batch["attention_mask"]
+    prefix = _unsupervised_common_prefix(input_ids, labels, attention) if share_prefix else 0
+    if prefix < 1:
+        logits = model(input_ids=input_ids, attention_mask=attention).logits
+    else:
+        cache_kw = _cache_keyword(model)
+        head = model(input_ids=input_ids[:1, :prefix], use_cache=True)
+        cache = getattr(head, cache_kw)
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        logits = model(
+            input_ids=input_ids[:, prefix:], attention_mask=attention, **{cache_kw: cache}
+        ).logits  # positions prefix.. ; position t predicts token t + 1
     return torch.nn.functional.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=IGNORE_INDEX
+        logits[:, :-1].flatten(0, 1).float(), labels[:, prefix + 1 :].flatten(), ignore_index=IGNORE_INDEX
     )
+
+
+def _unsupervised_common_prefix(
+    input_ids: torch.Tensor, labels: torch.Tensor, attention: torch.Tensor
+) -> int:
+    """Length P of the prefix shared by every row, such that no label at positions <= P is supervised
+    (so the logits of the prefix are not needed)."""
+    shared = ((input_ids == input_ids[:1]) & (attention == 1)).all(0).long().cumprod(0).sum()
+    supervised = (labels != IGNORE_INDEX).any(0)
+    first_label = int(supervised.long().argmax()) if supervised.any() else input_ids.shape[1]
+    return max(0, min(int(shared), first_label - 1))
+
+
+def _cache_keyword(model: PreTrainedModel) -> str:
+    """transformers renamed `past_key_values` to `cache` during 5.x; take whichever this version has."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -292,6 +327,30 @@ def generate_messages(
     return [t.split(MESSAGE_END, 1)[0] for t in texts]
 
 
+def team_rollouts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    roles: list[Role],
+    instances: list[TaskInstance],
+    temperature: float = 0.0,
+) -> list[list[tuple[str, str]]]:
+    """The whole chain on every instance, one batched generate per role; returns each transcript."""
+    was_training = model.training
+    model.eval()
+    transcripts: list[list[tuple[str, str]]] = [[] for _ in instances]
+    max_new = max(len(inst.prompt) for inst in instances) + 1  # a message is never longer than the task
+    for role in roles:
+        prompts = [
+            render_prompt_ids(tokenizer, role_messages(role, inst.prompt, tr))
+            for inst, tr in zip(instances, transcripts, strict=True)
+        ]
+        messages = generate_messages(model, tokenizer, prompts, temperature, max_new)
+        for tr, msg in zip(transcripts, messages, strict=True):
+            tr.append((role.name, msg))
+    model.train(was_training)
+    return transcripts
+
+
 def evaluate_team(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
@@ -300,32 +359,22 @@ def evaluate_team(
     instances: list[TaskInstance],
     temperature: float = 0.0,
 ) -> tuple[TeamEval, list[float]]:
-    """Run the whole chain on every instance in one batch per step; returns the eval and each reward."""
-    was_training = model.training
-    model.eval()
-    transcripts: list[list[tuple[str, str]]] = [[] for _ in instances]
-    all_right_so_far = [True] * len(instances)
-    step_right, step_inputs = [], []
-    for step, role in enumerate(roles, start=1):
-        prompts = [
-            render_prompt_ids(tokenizer, role_messages(role, inst.prompt, tr))
-            for inst, tr in zip(instances, transcripts, strict=True)
-        ]
-        max_new = max(len(inst.prompt) for inst in instances) + 1  # a message is never longer than the task
-        messages = generate_messages(model, tokenizer, prompts, temperature, max_new)
-        right = inputs = 0
-        for i, (inst, msg) in enumerate(zip(instances, messages, strict=True)):
-            transcripts[i].append((role.name, msg))
-            correct = msg == ChainArithmetic.demonstration(inst.meta["operands"], step)
-            if all_right_so_far[i]:
-                inputs += 1
-                right += correct
-            all_right_so_far[i] = all_right_so_far[i] and correct
-        step_right.append(right / inputs if inputs else 0.0)
-        step_inputs.append(inputs)
+    """Team accuracy and per-role accuracy (given correct input) of the chain; also each episode's reward."""
+    transcripts = team_rollouts(model, tokenizer, roles, instances, temperature)
+    step_right, step_inputs = [0] * len(roles), [0] * len(roles)
+    for inst, tr in zip(instances, transcripts, strict=True):
+        for k, (_, msg) in enumerate(tr):  # count role k only while every earlier message was right
+            step_inputs[k] += 1
+            if msg != ChainArithmetic.demonstration(inst.meta["operands"], k + 1):
+                break
+            step_right[k] += 1
     rewards = [task.verify(inst, tr[-1][1]) for inst, tr in zip(instances, transcripts, strict=True)]
-    model.train(was_training)
-    team = TeamEval(sum(rewards) / len(rewards), step_right, step_inputs, len(instances))
+    team = TeamEval(
+        team_accuracy=sum(rewards) / len(rewards),
+        step_accuracy=[r / n if n else 0.0 for r, n in zip(step_right, step_inputs, strict=True)],
+        step_inputs=step_inputs,
+        episodes=len(instances),
+    )
     return team, rewards
 
 
