@@ -39,6 +39,10 @@ class TeamConfig(_Strict):
 
     roles: str = "teamtr.graphs.chain_team:chain_roles"
     model: str | None = None  # base model directory; None = the cached warm-started demo model
+    # heterogeneous teams: more base models (name -> directory) beside `model` (which is named "base"),
+    # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)
+    bases: dict[str, str] = Field(default_factory=dict)
+    role_bases: dict[str, str] = Field(default_factory=dict)
     lora_rank: int = 8
     lora_alpha: int = 16
 

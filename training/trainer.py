@@ -39,6 +39,7 @@ from teamtr.evals.tasks import get_task
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.engine import DEFAULT_BASE
 from teamtr.training.advantages import Advantages, batch_normalised_advantages, group_normalised_advantages
 from teamtr.training.certificate import (
     CertificateTerm,
@@ -89,6 +90,14 @@ def load_roles(spec: str) -> list[Role]:
     return roles
 
 
+def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
+    """Roles with the base model the config names for them (team.role_bases), others unchanged."""
+    unknown = sorted(set(role_bases) - {r.name for r in roles})
+    if unknown:
+        raise ValueError(f"team.role_bases names unknown roles {unknown}")
+    return [dataclasses.replace(r, base_model=role_bases.get(r.name, r.base_model)) for r in roles]
+
+
 def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
     return [
         dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
@@ -129,9 +138,10 @@ class LLMStageTeam:
         self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
         self.run_dir, self.callbacks = run_dir, callbacks
         self.roles = {r.name: r for r in roles}
+        self.base_of = {r.adapter: r.base_model for r in roles}  # adapter -> its base model in the engine
         self.team = Team.from_engine(with_temperature(roles, cfg.rollout.temperature), engine, name="train")
         # one optimizer per adapter: a shared AdamW would move inactive adapters through their momentum
-        self.params = {r.adapter: engine.adapter_parameters(r.adapter) for r in roles}
+        self.params = {r.adapter: engine.adapter_parameters(r.adapter, r.base_model) for r in roles}
         self.optimizers = {
             a: torch.optim.AdamW(list(p.values()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
             for a, p in self.params.items()
@@ -153,7 +163,7 @@ class LLMStageTeam:
         )
 
     def versions(self) -> dict[str, int]:
-        return {a: self.engine.adapter_version(a) for a in self.params}
+        return {a: self.engine.adapter_version(a, self.base_of[a]) for a in self.params}
 
     def rollout(self, stage: int, index: int) -> RolloutBatch:
         """G episodes per prompt of the current intermediate team pi^index, through the team's graph."""
@@ -161,7 +171,9 @@ class LLMStageTeam:
         if key in self.stage_batches:  # resumed mid-stage: this batch was sampled before the interruption
             return self.stage_batches[key]
         if index == 0:  # stage start: remember pi^0 (occupancy divergence is measured against it)
-            self.stage_start_weights = {a: self.engine.snapshot_adapter(a) for a in self.params}
+            self.stage_start_weights = {
+                a: self.engine.snapshot_adapter(a, self.base_of[a]) for a in self.params
+            }
         trajectories = self.team.run(
             self.stage_prompts(stage),
             group_size=self.cfg.rollout.group_size,
@@ -199,7 +211,7 @@ class LLMStageTeam:
         batch was sampled of pi_now / pi_behaviour (self-normalised to mean 1)."""
         log_w = np.zeros(len(batch.trajectories))
         for adapter in self.params:
-            if self.engine.adapter_version(adapter) == batch.versions.get(adapter):
+            if self.engine.adapter_version(adapter, self.base_of[adapter]) == batch.versions.get(adapter):
                 continue
             turns = [
                 (g, t)
@@ -277,10 +289,11 @@ class LLMStageTeam:
         )
 
         # swap j's accepted weights in: the next rollouts record the new version
-        version = self.engine.adapter_version(adapter)
+        base = self.base_of[adapter]
+        version = self.engine.adapter_version(adapter, base)
         if outcome.accepted:
-            version = self.engine.commit_adapter_update(adapter)
-            save_peft_adapter(self.engine.model(), adapter, adapter_dir(self.run_dir, ctx.role, version))
+            version = self.engine.commit_adapter_update(adapter, base)
+            save_peft_adapter(self.engine.model(base), adapter, adapter_dir(self.run_dir, ctx.role, version))
         self.state.step += 1
         record = {
             "stage": ctx.stage,
@@ -392,7 +405,10 @@ class LLMStageTeam:
         with torch.no_grad():
             for s in range(0, len(prompts), SCORE_CHUNK):
                 out += self.engine.token_logprobs(
-                    prompts[s : s + SCORE_CHUNK], completions[s : s + SCORE_CHUNK], adapter
+                    prompts[s : s + SCORE_CHUNK],
+                    completions[s : s + SCORE_CHUNK],
+                    adapter,
+                    self.base_of[adapter],
                 )
         return out
 
@@ -401,7 +417,7 @@ class LLMStageTeam:
             return torch.zeros_like(msgs.mask)
 
         def fn(p: list[list[int]], c: list[list[int]]) -> list[torch.Tensor]:
-            return self.engine.token_logprobs(p, c, adapter)
+            return self.engine.token_logprobs(p, c, adapter, self.base_of[adapter])
 
         with torch.set_grad_enabled(grad):
             return padded_logprobs(fn, msgs, SCORE_CHUNK)
@@ -446,14 +462,15 @@ class LLMStageTeam:
                 for t in traj.turns
                 if t.adapter == adapter
             ]
-            now = self.engine.snapshot_adapter(adapter)
-            self.engine.restore_adapter(adapter, start)
+            base = self.base_of[adapter]
+            now = self.engine.snapshot_adapter(adapter, base)
+            self.engine.restore_adapter(adapter, start, base)
             try:
                 old = self._score(
                     [t.prompt_ids for _, t in turns], [t.completion_ids for _, t in turns], adapter
                 )
             finally:
-                self.engine.restore_adapter(adapter, now)
+                self.engine.restore_adapter(adapter, now, base)
             for (g, t), lp in zip(turns, old, strict=True):
                 total[g] += t.logprob_sum - float(lp.sum())
         return float(total.mean())
@@ -501,15 +518,20 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._check_config()
-        roles = load_roles(cfg.team.roles)
+        roles = with_bases(load_roles(cfg.team.roles), cfg.team.role_bases)
         task = get_task(cfg.task.name, **cfg.task.options)
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
-        engine = self._engine or EmbeddedEngine(
-            self.model_path(),
-            adapters={r.adapter: None for r in roles},
-            lora=LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha),
-            threads=cfg.torch_threads,
-        )
+        engine = self._engine
+        if engine is None:
+            # the default base is loaded only when a role sits on it (a fully swapped team needs none)
+            uses_default = any(r.base_model == DEFAULT_BASE for r in roles)
+            engine = EmbeddedEngine(
+                {**({DEFAULT_BASE: self.model_path()} if uses_default else {}), **cfg.team.bases},
+                lora=LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha),
+                threads=cfg.torch_threads,
+            )
+            for r in roles:  # each role's adapter on its own base (heterogeneous teams)
+                engine.add_adapter(r.adapter, base=r.base_model)
         ckpt = load_latest_checkpoint(self.run_dir)
         state = RunState()
         metrics = MetricsLog(self.run_dir)
@@ -522,7 +544,7 @@ class Trainer:
             start_stage = self._restore(team, ckpt)
         else:
             for r in roles:  # v0: the adapters the run starts from
-                save_peft_adapter(engine.model(), r.adapter, adapter_dir(self.run_dir, r.name, 0))
+                save_peft_adapter(engine.model(r.base_model), r.adapter, adapter_dir(self.run_dir, r.name, 0))
 
         eval_team = Team.from_engine(with_temperature(roles, cfg.eval.temperature), engine, name="eval")
         stage_eval_tasks = (
@@ -639,9 +661,10 @@ class Trainer:
             if adapter.startswith("stage0/"):
                 team.stage_start_weights[adapter.split("/", 1)[1]] = weights
                 continue
-            engine.restore_adapter(adapter, {k: v.clone() for k, v in weights.items()})
-            while engine.adapter_version(adapter) < ckpt.state["versions"][adapter]:
-                engine.commit_adapter_update(adapter)
+            base = team.base_of[adapter]
+            engine.restore_adapter(adapter, {k: v.clone() for k, v in weights.items()}, base)
+            while engine.adapter_version(adapter, base) < ckpt.state["versions"][adapter]:
+                engine.commit_adapter_update(adapter, base)
         for adapter, opt_state in ckpt.optimizers.items():
             team.optimizers[adapter].load_state_dict(opt_state)
         set_rng_state(ckpt.rng)
