@@ -116,5 +116,5 @@ def padded_logprobs(fn: LogProbFn, msgs: RoleMessages, chunk: int) -> torch.Tens
     rows: list[torch.Tensor] = []
     for start in range(0, len(msgs), chunk):
         rows += fn(msgs.prompts[start : start + chunk], msgs.completions[start : start + chunk])
-    values, _ = pad(rows)
-    return values if values.shape == msgs.mask.shape else values.reshape(msgs.mask.shape)
+    values = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # keeps the autograd graph
+    return torch.nn.functional.pad(values, (0, msgs.mask.shape[1] - values.shape[1]))

@@ -154,6 +154,7 @@ class LLMStageTeam:
         self.done_updates: list[dict[str, Any]] = []  # this stage's completed updates (checkpointed)
         self.on_update_done: Callable[[], None] | None = None  # the trainer checkpoints here
         self.c = certificate_constant(cfg.certificate.gamma, cfg.loss.adv_clip)
+        self._last_new_logp = torch.zeros(0)
 
     # ---- ROLLOUT --------------------------------------------------------------------------------------
     def stage_prompts(self, stage: int) -> list[TaskInstance]:
@@ -252,7 +253,10 @@ class LLMStageTeam:
         )
         # the two batches of the stale-gap diagnostic (i >= 2): stage start pi^0 and fresh pi^(i-1)
         diag = self._stale_gap_batches(ctx)
-        diag_old = {k: self._logp(m, adapter, grad=False) for k, (m, _) in diag.items()}
+        diag_old = {
+            k: old_logp if self._is_update_batch(ctx, k) else self._logp(m, adapter, grad=False)
+            for k, (m, _) in diag.items()
+        }
 
         # OPTIMISE + MONITOR: epochs of the penalised clipped surrogate inside the trust region
         optimizer = self.optimizers[adapter]
@@ -270,7 +274,8 @@ class LLMStageTeam:
 
         # LOG: surrogate, KL estimates and certificate term at the accepted (or restored) weights
         with torch.no_grad():
-            new_logp = self._logp(msgs, adapter, grad=False)
+            # a rejected update restored the weights bit for bit: pi_new = pi_cur exactly
+            new_logp = self._last_new_logp if outcome.accepted else old_logp
             sur = self._surrogate(new_logp, old_logp, msgs)
             kl = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
         d_hat = float(monitored_kl(kl, tr.estimator, tr.per_token))
@@ -283,7 +288,7 @@ class LLMStageTeam:
             c=certificate_constant(cfg.certificate.gamma, adv.a_max),
             gamma=cfg.certificate.gamma,
         )
-        stale = self._stale_gap(diag, diag_old, adapter)
+        stale = self._stale_gap(ctx, diag, diag_old, adapter, new_logp)
         occupancy = (
             self._occupancy_divergence(ctx.fresh_batch) if ctx.index >= 2 and ctx.fresh_batch else None
         )
@@ -357,15 +362,20 @@ class LLMStageTeam:
         beta: float,
         attempt_no: int,
     ) -> AttemptResult:
-        """Inner epochs over minibatches of j's messages; early stop as soon as d_hat exceeds delta."""
+        """Inner epochs over minibatches of j's messages; early stop once the running d_hat exceeds delta.
+
+        The running d_hat of an epoch is the weighted mean of its minibatches' estimates (each taken just
+        before that minibatch's step); the d_hat that decides acceptance is measured on the whole batch
+        after the last step."""
         cfg, tr = self.cfg, self.cfg.trust_region
         for group in optimizer.param_groups:
             group["lr"] = lr
         gen = torch.Generator().manual_seed(
             derive_seed(cfg.seed, "minibatch", ctx.stage, ctx.index, attempt_no)
         )
-        d_hat = 0.0
+        epochs_run, early_stopped = 0, False
         for epoch in range(1, cfg.optim.epochs + 1):
+            running, seen = 0.0, 0.0
             for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
                 mb = msgs.subset(idx)
                 new_logp = self._logp(mb, adapter, grad=True)
@@ -376,13 +386,19 @@ class LLMStageTeam:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(list(self.params[adapter].values()), cfg.optim.max_grad_norm)
                 optimizer.step()
-            with torch.no_grad():  # MONITOR on the whole batch (eq. 11)
-                kl_all = kl_estimates(self._logp(msgs, adapter, grad=False), old_logp, msgs.mask, msgs.weight)
-            d_hat = float(monitored_kl(kl_all, tr.estimator, tr.per_token))
-            self.callbacks.epoch(ctx.role, epoch, cfg.optim.epochs, d_hat)
-            if tr.enabled and tr.early_stop and d_hat > tr.delta:
-                return AttemptResult(d_hat=d_hat, epochs_run=epoch, early_stopped=True)
-        return AttemptResult(d_hat=d_hat, epochs_run=cfg.optim.epochs, early_stopped=False)
+                w = float(mb.weight.sum())
+                running, seen = running + w * float(monitored_kl(kl, tr.estimator, tr.per_token)), seen + w
+            epochs_run = epoch
+            d_running = running / max(seen, 1e-12)
+            self.callbacks.epoch(ctx.role, epoch, cfg.optim.epochs, d_running)
+            if tr.enabled and tr.early_stop and d_running > tr.delta:
+                early_stopped = True
+                break
+        with torch.no_grad():  # MONITOR on the whole batch (eq. 11)
+            self._last_new_logp = self._logp(msgs, adapter, grad=False)
+            kl_all = kl_estimates(self._last_new_logp, old_logp, msgs.mask, msgs.weight)
+        d_hat = float(monitored_kl(kl_all, tr.estimator, tr.per_token))
+        return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped)
 
     def _surrogate(self, new_logp: torch.Tensor, old_logp: torch.Tensor, msgs: RoleMessages):
         lc = self.cfg.loss
@@ -434,14 +450,27 @@ class LLMStageTeam:
             out[name] = (role_messages(batch, ctx.role, adv), adv)
         return out
 
-    def _stale_gap(self, diag: dict, diag_old: dict, adapter: str) -> dict[str, float | None]:
+    @staticmethod
+    def _is_update_batch(ctx: UpdateContext[RolloutBatch], name: str) -> bool:
+        batch = ctx.stage_start_batch if name == "stale" else ctx.fresh_batch
+        return batch is ctx.batch and not ctx.reweight
+
+    def _stale_gap(
+        self,
+        ctx: UpdateContext[RolloutBatch],
+        diag: dict,
+        diag_old: dict,
+        adapter: str,
+        update_new_logp: torch.Tensor,
+    ) -> dict[str, float | None]:
         """Stale gap = |L_hat on the stage-start batch - L_hat on the fresh batch| for the accepted update."""
         if not diag:
             return {"surrogate_stale": None, "surrogate_fresh": None, "stale_gap": None}
         values = {}
         with torch.no_grad():
             for name, (msgs, _) in diag.items():
-                new_logp = self._logp(msgs, adapter, grad=False)
+                same = self._is_update_batch(ctx, name)
+                new_logp = update_new_logp if same else self._logp(msgs, adapter, grad=False)
                 values[name] = float(self._surrogate(new_logp, diag_old[name], msgs).improvement)
         return {
             "surrogate_stale": values["stale"],
