@@ -18,6 +18,7 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 
 API_KEY, ADMIN_KEY = "sk-fuzz", "admin-fuzz"
 EXAMPLES_PER_OPERATION_AND_MODE = 6
+CHAT = "POST /v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
@@ -28,42 +29,52 @@ def fuzz_server(tiny_model_dir, tmp_path_factory):
         yield server
 
 
+def _fuzz(operation, mode, url: str, seen: dict[int, int], ran_team: list) -> None:
+    """Up to EXAMPLES_PER_OPERATION_AND_MODE generated calls of one operation; any 5xx fails."""
+    label = operation.label
+
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION_AND_MODE,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def call(case):
+        # alternate: the admin key opens every endpoint; otherwise whatever the case carries
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"} if len(seen) % 2 == 0 else None
+        if label == CHAT and isinstance(case.body, dict) and len(seen) % 2 == 0:
+            # also reach the team with the other generated fields (seed, stream, metadata, ...)
+            case.body["model"] = "chain"
+            history = case.body.get("messages") if isinstance(case.body.get("messages"), list) else []
+            case.body["messages"] = [*history[:3], {"role": "user", "content": "1+2+3"}]
+        response = case.call_and_validate(
+            base_url=url, headers=headers, checks=[not_a_server_error], timeout=60
+        )
+        seen[len(seen)] = response.status_code
+        if label == CHAT and response.status_code == 200:
+            ran_team.append(case.body)
+        assert response.status_code < 500
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    try:
+        call()
+    except Unsatisfiable:  # nothing to make invalid (e.g. GET /health has no inputs)
+        assert mode == GenerationMode.NEGATIVE
+
+
 def test_no_input_gets_a_server_error(fuzz_server):
     schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.label for op in operations} >= {
-        "POST /v1/chat/completions",
-        "POST /admin/adapters",
-        "GET /v1/models",
-    }
+    assert {op.label for op in operations} >= {CHAT, "POST /admin/adapters", "GET /v1/models"}
     seen: dict[int, int] = {}
-
+    ran_team: list = []
     for operation in operations:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @settings(
-                max_examples=EXAMPLES_PER_OPERATION_AND_MODE,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            )
-            @given(case=operation.as_strategy(generation_mode=mode))
-            def call(case):
-                # alternate: the admin key opens every endpoint; otherwise whatever the case carries
-                headers = {"Authorization": f"Bearer {ADMIN_KEY}"} if len(seen) % 2 == 0 else None
-                response = case.call_and_validate(
-                    base_url=fuzz_server.url, headers=headers, checks=[not_a_server_error], timeout=60
-                )
-                seen[len(seen)] = response.status_code
-                assert response.status_code < 500
-                if response.status_code >= 400:
-                    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-
-            try:
-                call()
-            except Unsatisfiable:  # nothing to make invalid (e.g. GET /health has no inputs)
-                assert mode == GenerationMode.NEGATIVE
+            _fuzz(operation, mode, fuzz_server.url, seen, ran_team)
     assert len(seen) >= 2 * len(operations)
     assert any(400 <= s < 500 for s in seen.values()) and any(s == 200 for s in seen.values())
+    assert ran_team, "no generated request reached the team"
     assert httpx.get(fuzz_server.url + "/health").status_code == 200  # still serving
