@@ -22,7 +22,9 @@ that send base requests themselves (they would still hit the bug on CPU).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import shutil
 import tempfile
 import threading
 import weakref
@@ -74,6 +76,24 @@ def write_null_adapter(model_dir: str | Path, out_dir: str | Path) -> Path:
         "use_dora": False,
     }
     (out / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2))
+    return out
+
+
+def null_adapter_dir(model_dir: str | Path) -> Path:
+    """A stable place for the model's null adapter, shared by every engine on this machine: vLLM rereads
+    an adapter from its path after evicting it from its CPU cache, so the files must outlive engines."""
+    config_file = Path(model_dir) / "config.json"  # in the key: a model rebuilt in place may change shape
+    identity = str(Path(model_dir).resolve()) + (config_file.read_text() if config_file.exists() else "")
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / "teamtr-null-adapters" / key
+    if not (out / "adapter_model.safetensors").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=out.parent))
+        write_null_adapter(model_dir, staging)
+        try:
+            staging.rename(out)  # atomic: a concurrent engine never sees a half-written adapter
+        except OSError:  # another engine won the race; its copy is identical
+            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -228,9 +248,7 @@ class VLLMEngine:
             if base in self._null_ready:
                 return
             spec = self._base(base)
-            path = spec.null_adapter_path or str(
-                write_null_adapter(spec.tokenizer_path, tempfile.mkdtemp(prefix="teamtr-null-adapter-"))
-            )
+            path = spec.null_adapter_path or str(null_adapter_dir(spec.tokenizer_path))
             # load_inplace: a server shared with an earlier engine may hold it already
             payload = {"lora_name": NULL_ADAPTER, "lora_path": path, "load_inplace": True}
             self._post_sync(base, "/v1/load_lora_adapter", payload, json_body=False)
