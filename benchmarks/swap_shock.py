@@ -1,0 +1,191 @@
+"""Swap shock: replace one role of a trained small team by another (larger) small model, directly or
+after Stage-0 alignment, then continue TeamTR for K stages on both paths.
+
+    .venv/bin/python benchmarks/swap_shock.py [--seeds 3] [--stages-after 2] [--probes 256]
+
+Per seed: a TeamTR run of the demo team (3 adders, the cached warm-started model) for `--stages-before`
+stages -> `teamtr swap` of role `--role` to the newcomer (a separately warm-started model, hidden 160 /
+5 layers, another seed) twice: --no-align (direct) and with Stage-0 -> `--stages-after` more TeamTR
+stages from each new run directory. Held-out team accuracy (greedy, the run's stage-eval tasks) is
+read at: before the swap, right after it, and after every further stage.
+
+Writes OUT/swap_shock.json, OUT/swap_shock.md (the table) and OUT/swap_shock.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console()
+
+NEWCOMER = {"hidden": 160, "layers": 5, "heads": 5, "seed": 1}  # larger, independently warm-started
+
+
+def base_config(seed: int, run_dir: Path, stages: int, args: argparse.Namespace):
+    from teamtr.training.config import TrainConfig
+
+    return TrainConfig.from_dict(
+        {
+            "seed": seed,
+            "stages": stages,
+            "run_dir": str(run_dir),
+            "task": {"name": "chain"},
+            "team": {"roles": "teamtr.graphs.chain_team:chain_roles"},
+            "schedule": {"kind": "teamtr", "order": "fixed", "diagnose_stale_gap": False},
+            "rollout": {"prompts_per_update": args.prompts, "group_size": args.group},
+            "optim": {"lr": 1e-3, "epochs": 4, "minibatch_messages": 64},
+            "trust_region": {"delta": 0.05},
+            "eval": {"stage_episodes": args.eval_episodes, "final_episodes": args.eval_episodes},
+        }
+    )
+
+
+def one_seed(seed: int, newcomer: Path, args: argparse.Namespace) -> dict:
+    from teamtr.training.config import TrainConfig
+    from teamtr.training.swap import SwapConfig, swap_role
+    from teamtr.training.trainer import Trainer
+
+    root = Path(args.out) / f"seed{seed}"
+    t0 = time.perf_counter()
+    Trainer(base_config(seed, root / "run", args.stages_before, args)).train()
+    out: dict = {"seed": seed}
+    for path, align in (("direct", False), ("stage0", True)):
+        result = swap_role(
+            root / "run",
+            SwapConfig(
+                role=args.role,
+                model=str(newcomer),
+                out=str(root / path),
+                probes=args.probes,
+                delta0=args.delta0,
+                align=align,
+                max_rounds=args.max_rounds,
+                extra_stages=args.stages_after,
+                seed=seed,
+            ),
+        )
+        summary = Trainer(TrainConfig.from_yaml(result.out_dir / "config.yaml")).train()
+        # eval_accuracy: [before stage 0, after stage 0, ...]; the swap replaced the entry of its boundary
+        after_stages = summary["eval_accuracy"][args.stages_before + 1 :]
+        out[path] = {
+            "before": result.eval_before,
+            "after_swap": result.eval_after,
+            "after_stages": after_stages,
+            "kl_history": result.kl_history,
+            "converged": result.converged,
+            "rounds": result.rounds,
+        }
+        console.print(
+            f"seed {seed} {path}: before {result.eval_before:.3f} -> swap {result.eval_after:.3f} -> "
+            f"{' -> '.join(f'{a:.3f}' for a in after_stages)} (KL {result.kl_history[0]:.3f} -> "
+            f"{result.kl_final:.3f}, {result.rounds} rounds)"
+        )
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def table(runs: list[dict], stages_after: int) -> str:
+    cols = ["before swap", "right after swap"] + [f"after {k} stage(s)" for k in range(1, stages_after + 1)]
+    lines = ["| path | " + " | ".join(cols) + " | shock (points) |", "|---" * (len(cols) + 2) + "|"]
+    for path, label in (("direct", "direct swap"), ("stage0", "Stage-0 then swap")):
+        series = [[r[path]["before"], r[path]["after_swap"], *r[path]["after_stages"]] for r in runs]
+        cells = [mean_sd([100 * s[i] for s in series]) for i in range(len(cols))]
+        shock = mean_sd([100 * (s[0] - s[1]) for s in series])
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{m:.1f} ± {sd:.1f}" for m, sd in cells)
+            + f" | {shock[0]:.1f} ± {shock[1]:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], stages_after: int, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = list(range(stages_after + 2))
+    labels = ["before", "swap"] + [f"+{k}" for k in range(1, stages_after + 1)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for path, label, color in (
+        ("direct", "direct swap", "tab:red"),
+        ("stage0", "Stage-0 + swap", "tab:blue"),
+    ):
+        series = [[r[path]["before"], r[path]["after_swap"], *r[path]["after_stages"]] for r in runs]
+        for s in series:
+            ax.plot(x, [100 * v for v in s], color=color, alpha=0.25, lw=1)
+        means = [100 * statistics.fmean(s[i] for s in series) for i in x]
+        ax.plot(x, means, "-o", color=color, label=f"{label} (mean of {len(runs)} seeds)")
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("before the swap, right after it, after k further TeamTR stages")
+    ax.set_ylabel("held-out team accuracy (%)")
+    ax.set_title("swap shock: one role replaced by a larger small model")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--stages-before", type=int, default=1)
+    p.add_argument("--stages-after", type=int, default=2)
+    p.add_argument("--role", default="adder2")
+    p.add_argument("--probes", type=int, default=256)
+    p.add_argument("--delta0", type=float, default=0.01)
+    p.add_argument("--max-rounds", type=int, default=10)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per update (B)")
+    p.add_argument("--group", type=int, default=8, help="episodes per prompt (G)")
+    p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--newcomer", default=None, help="newcomer model dir (default: a cached warm start)")
+    p.add_argument("--out", default="benchmarks/results/swap_shock")
+    args = p.parse_args()
+
+    import torch
+
+    from teamtr.training.warmstart import WarmStartConfig, ensure_warm_model, load_report
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    incumbent = ensure_warm_model(progress=False)
+    newcomer = (
+        Path(args.newcomer)
+        if args.newcomer
+        else ensure_warm_model(WarmStartConfig(**NEWCOMER), progress=False)
+    )
+    models = {}
+    for name, path in (("incumbent", incumbent), ("newcomer", newcomer)):
+        try:
+            models[name] = {"path": str(path), "summary": load_report(path).summary()}
+        except FileNotFoundError:
+            models[name] = {"path": str(path)}
+        console.print(f"{name}: {models[name]}")
+    runs = [one_seed(seed, newcomer, args) for seed in range(args.seeds)]
+    out = Path(args.out)
+    md = table(runs, args.stages_after)
+    (out / "swap_shock.md").write_text(md + "\n")
+    (out / "swap_shock.json").write_text(
+        json.dumps(
+            {"args": vars(args), "models": models, "runs": runs, "seconds": time.perf_counter() - t0},
+            indent=1,
+        )
+    )
+    plot(runs, args.stages_after, out / "swap_shock.png")
+    console.print(md)
+    console.print(f"{out}/swap_shock.png, total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
