@@ -258,3 +258,28 @@ def test_cli_train_prints_one_line_per_update_and_report_writes_pngs(tiny_model,
     assert all((tmp_path / "plots" / p).stat().st_size > 1000 for p in pngs)
     bad = runner.invoke(app, ["train", str(tmp_path / "missing.yaml")])
     assert bad.exit_code != 0
+
+
+def test_demo_writes_summary_and_compare_json(tiny_model, tmp_path):
+    from teamtr.training.demo import run_compare, run_demo
+
+    cfg = small_config(
+        tiny_model, tmp_path / "unused", **{"eval.final_episodes": 6, "eval.stage_episodes": 0}
+    )
+    cfg.to_yaml(tmp_path / "demo.yaml")
+    summary = run_demo(tmp_path / "demo", base_config=tmp_path / "demo.yaml")
+    on_disk = __import__("json").loads((tmp_path / "demo" / "summary.json").read_text())
+    assert on_disk == summary
+    for key in ("accuracy_before", "accuracy_after", "episodes_evaluated", "seconds"):
+        assert key in summary
+    assert summary["episodes_evaluated"] == 6
+    assert all(Path(p).exists() for p in summary["plots"])
+
+    result = run_compare(tmp_path / "cmp", seeds=2, base_config=tmp_path / "demo.yaml")
+    assert [r["seed"] for r in result["per_seed"]] == [0, 1]
+    for row in result["per_seed"]:
+        # naive gets TeamTR's rollout-token budget (it stops at the first stage boundary past it)
+        assert row["naive_rollout_tokens"] >= row["teamtr_rollout_tokens"]
+        assert row["naive_stages"] >= row["teamtr_stages"]
+    assert set(result) >= {"warm_start", "teamtr", "naive", "rollout_tokens"}
+    assert (tmp_path / "cmp" / "compare.json").exists()

@@ -58,7 +58,7 @@ from teamtr.training.checkpoint import (
 )
 from teamtr.training.config import TrainConfig
 from teamtr.training.losses import clipped_surrogate, kl_estimates, monitored_kl, penalised_loss
-from teamtr.training.metrics import METRICS_FILE, MetricsLog
+from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, padded_logprobs, role_messages
 from teamtr.training.stage import UpdateContext, run_stage
 from teamtr.training.trust_region import AdapterState, AttemptResult, enforce_trust_region
@@ -96,6 +96,13 @@ def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
     if unknown:
         raise ValueError(f"team.role_bases names unknown roles {unknown}")
     return [dataclasses.replace(r, base_model=role_bases.get(r.name, r.base_model)) for r in roles]
+
+
+def lora_settings(cfg: TrainConfig) -> LoraSettings:
+    lora = LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha)
+    if cfg.team.lora_targets:
+        lora.target_modules = tuple(cfg.team.lora_targets)
+    return lora
 
 
 def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
@@ -387,7 +394,10 @@ class LLMStageTeam:
                 torch.nn.utils.clip_grad_norm_(list(self.params[adapter].values()), cfg.optim.max_grad_norm)
                 optimizer.step()
                 w = float(mb.weight.sum())
-                running, seen = running + w * float(monitored_kl(kl, tr.estimator, tr.per_token)), seen + w
+                running, seen = (
+                    running + w * float(monitored_kl(kl, tr.estimator, tr.per_token).detach()),
+                    seen + w,
+                )
             epochs_run = epoch
             d_running = running / max(seen, 1e-12)
             self.callbacks.epoch(ctx.role, epoch, cfg.optim.epochs, d_running)
@@ -556,7 +566,7 @@ class Trainer:
             uses_default = any(r.base_model == DEFAULT_BASE for r in roles)
             engine = EmbeddedEngine(
                 {**({DEFAULT_BASE: self.model_path()} if uses_default else {}), **cfg.team.bases},
-                lora=LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha),
+                lora=lora_settings(cfg),
                 threads=cfg.torch_threads,
             )
             for r in roles:  # each role's adapter on its own base (heterogeneous teams)
@@ -626,6 +636,7 @@ class Trainer:
         improvements = [
             b["accuracy"] - a["accuracy"] for a, b in zip(state.evals, state.evals[1:], strict=False)
         ]
+        updates = read_metrics(self.run_dir, kind="update")
         summary = {
             "stages": len(state.stage_certificates),
             "updates": state.step,
@@ -633,6 +644,9 @@ class Trainer:
             "diagnostic_tokens": state.diagnostic_tokens,
             "eval_accuracy": [e["accuracy"] for e in state.evals],
             "certificate_rank_correlation": rank_correlation(state.stage_certificates, improvements),
+            # the paper's "fraction of updates that left the region": first attempt ended with d_hat > delta
+            "left_region_fraction": float(np.mean([u["left_region"] for u in updates])) if updates else 0.0,
+            "rejected_fraction": float(np.mean([not u["accepted"] for u in updates])) if updates else 0.0,
         }
         metrics.log("run", state.step, **summary)
         metrics.close()
