@@ -218,3 +218,24 @@ def test_attach_finds_the_served_base_model(vllm_server: VLLMServer, vllm_model_
     assert attached.process is None and attached.is_running()
     attached.stop()  # an attached server is not ours to stop
     assert vllm_server.is_running()
+
+
+async def test_each_base_model_has_its_own_server_and_adapter_versions(
+    vllm_server: VLLMServer, adapters: dict[str, Path]
+) -> None:
+    """A heterogeneous team maps base names to servers; here two names share the session's server (a
+    second real model would cost another start-up), which still checks the routing and bookkeeping."""
+    engine = VLLMEngine({"base": vllm_server, "twin": vllm_server})
+    try:
+        assert engine.base_models() == ["base", "twin"]
+        ids = engine.tokenizer("twin")("5+5=")["input_ids"]
+        await engine.load_adapter("twin-role", str(adapters["c"]), base="twin")
+        assert engine.adapter_version("twin-role", base="twin") == 0
+        with pytest.raises(KeyError, match="twin-role"):
+            engine.adapter_version("twin-role", base="base")
+        gen = await engine.generate(ids, adapter="twin-role", sampling=greedy(6), base="twin")
+        assert gen.base_model == "twin" and len(gen.completion_ids) == 6
+        await engine.unload_adapter("twin-role", base="twin")
+        assert engine.adapters("twin") == []
+    finally:
+        engine.close()
