@@ -1,8 +1,8 @@
 """`VLLMEngine`: the Engine interface over real vLLM OpenAI-compatible servers with runtime LoRA.
 
 One vLLM server per base model (heterogeneous teams use several); the engine maps base name -> server.
-A role's adapter is a LoRA served under its own name, so a request's `model` is the adapter name (or the
-base model's served name for the reference policy).
+A role's adapter is a LoRA served under its own name, so a request's `model` is the adapter name; the
+reference policy (adapter None) is served through the null adapter below.
 
 Exactness, nothing re-tokenised:
 - prompts go to `/v1/completions` as TOKEN IDS, and `return_tokens_as_token_ids` makes the server
@@ -114,7 +114,7 @@ class VLLMBase:
     url: str  # e.g. http://127.0.0.1:8000
     served_model_name: str  # the `model` of requests to the base policy
     tokenizer_path: str  # a directory (or hub id) PreTrainedTokenizerFast.from_pretrained accepts
-    # Where the null adapter is (must be readable by the server); None: written to a temp dir here.
+    # Where the null adapter is (must be readable by the server); None: written under the temp dir here.
     null_adapter_path: str | None = None
 
     @classmethod
