@@ -26,6 +26,8 @@ import importlib
 import json
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -172,7 +174,8 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
     if config.vllm_url:
         server = attach_vllm_server(config.vllm_url, model_dir=str(model))
     else:
-        server = start_vllm_server(model, max_lora_rank=max_lora_rank)
+        # room for two versions of a few roles at once: the outgoing one serves pinned episodes
+        server = start_vllm_server(model, max_lora_rank=max_lora_rank, max_loras=8)
     return VLLMEngine.single(server), server
 
 
@@ -278,14 +281,19 @@ async def _serve_forever(config: ServeConfig) -> None:
     import uvicorn
 
     server = await build_server(config)  # built on the loop uvicorn then serves on (engine tasks, locks)
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        # shut down here, not after serve(): uvicorn re-raises SIGTERM / SIGINT once serve() returns
+        yield
+        await server.aclose()
+
+    server.app.router.lifespan_context = lifespan
     console.print(
         f"serving teams {sorted(server.teams)} on http://{config.host}:{config.port} "
         f"({config.engine} engine); adapters {server.registry.current_versions()}"
     )
-    try:
-        await uvicorn.Server(uvicorn.Config(server.app, host=config.host, port=config.port)).serve()
-    finally:
-        await server.aclose()
+    await uvicorn.Server(uvicorn.Config(server.app, host=config.host, port=config.port)).serve()
 
 
 class BackgroundServer:
