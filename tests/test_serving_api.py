@@ -97,10 +97,12 @@ def test_include_turns_streams_every_agent_turn_before_the_answer(served):
     answer = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert answer == turns[-1]["text"].split("\n")[0]
     last_turn_at = max(i for i, c in enumerate(chunks) if "teamtr_turn" in c)
+    finish_at = min(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0].get("finish_reason"))
     first_content_at = min(
-        i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content")
+        (i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content")),
+        default=finish_at,
     )
-    assert last_turn_at < first_content_at
+    assert last_turn_at < first_content_at <= finish_at  # every turn streams before the answer
 
 
 def test_langchain_chat_openai_works_unchanged(served, client):
