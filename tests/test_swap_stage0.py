@@ -283,3 +283,26 @@ def test_swap_refuses_bad_input(trained_run, models, tmp_path):
         swap_role(tmp_path, SwapConfig(role="adder1", model=models["big"], out=str(tmp_path / "z")))
     with pytest.raises(ValueError, match="delta0"):
         SwapConfig(role="adder1", model=models["big"], delta0=0)
+
+
+def test_cli_swap_writes_a_run_directory_and_reports_bad_input(trained_run, models, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from teamtr.graphs.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    args = ["swap", str(trained_run), "--role", "adder1", "--model", models["big"], "--out", str(out)]
+    result = runner.invoke(app, [*args, "--probes", "8", "--max-rounds", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    # the JSON object is the last line (model loading may print progress bars before it, without newline)
+    last = result.output.strip().splitlines()[-1]
+    record = json.loads(last[last.index("{") :])
+    assert record["role"] == "adder1" and record["probes"] == 8 and len(record["kl_history"]) >= 1
+    assert TrainConfig.from_yaml(out / "config.yaml").team.role_bases == {"adder1": record["base_name"]}
+    bad = runner.invoke(app, ["swap", str(trained_run), "--role", "nobody", "--model", models["big"]])
+    assert bad.exit_code != 0 and "unknown role" in bad.output
+    again = runner.invoke(app, args)  # the output directory is not empty now
+    assert again.exit_code != 0 and "not empty" in again.output
