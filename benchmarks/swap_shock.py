@@ -35,8 +35,8 @@ def base_config(seed: int, run_dir: Path, stages: int, args: argparse.Namespace)
             "seed": seed,
             "stages": stages,
             "run_dir": str(run_dir),
-            "task": {"name": "chain"},
-            "team": {"roles": "teamtr.graphs.chain_team:chain_roles"},
+            "task": {"name": "chain", "options": {"max_operand": args.max_operand}},
+            "team": {"roles": "teamtr.graphs.chain_team:chain_roles", "model": str(args.incumbent_path)},
             "schedule": {"kind": "teamtr", "order": "fixed", "diagnose_stale_gap": False},
             "rollout": {"prompts_per_update": args.prompts, "group_size": args.group},
             "optim": {"lr": 1e-3, "epochs": 4, "minibatch_messages": 64},
@@ -149,6 +149,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8, help="prompts per update (B)")
     p.add_argument("--group", type=int, default=8, help="episodes per prompt (G)")
     p.add_argument("--eval-episodes", type=int, default=128)
+    p.add_argument("--max-operand", type=int, default=9, help="chain task operands 1..this (warm starts too)")
+    p.add_argument("--incumbent", default=None, help="team model dir (default: a cached warm start)")
     p.add_argument("--newcomer", default=None, help="newcomer model dir (default: a cached warm start)")
     p.add_argument("--out", default="benchmarks/results/swap_shock")
     args = p.parse_args()
@@ -159,12 +161,17 @@ def main() -> None:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    incumbent = ensure_warm_model(progress=False)
+    incumbent = (
+        Path(args.incumbent)
+        if args.incumbent
+        else ensure_warm_model(WarmStartConfig(max_operand=args.max_operand), progress=False)
+    )
     newcomer = (
         Path(args.newcomer)
         if args.newcomer
-        else ensure_warm_model(WarmStartConfig(**NEWCOMER), progress=False)
+        else ensure_warm_model(WarmStartConfig(max_operand=args.max_operand, **NEWCOMER), progress=False)
     )
+    args.incumbent_path = incumbent
     models = {}
     for name, path in (("incumbent", incumbent), ("newcomer", newcomer)):
         try:
@@ -178,7 +185,12 @@ def main() -> None:
     (out / "swap_shock.md").write_text(md + "\n")
     (out / "swap_shock.json").write_text(
         json.dumps(
-            {"args": vars(args), "models": models, "runs": runs, "seconds": time.perf_counter() - t0},
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "models": models,
+                "runs": runs,
+                "seconds": time.perf_counter() - t0,
+            },
             indent=1,
         )
     )
