@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ from rich.table import Table
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
+from teamtr.serving.engine import DEFAULT_BASE
 from teamtr.serving.registry import AdapterRegistry, version_dirs
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
 
@@ -55,6 +56,7 @@ class TeamSpec(BaseModel):
 
     roles: str = "teamtr.graphs.chain_team:chain_roles"  # `module:function` returning list[Role]
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of that function
+    role_bases: dict[str, str] = Field(default_factory=dict)  # role -> base model name (default: the Role's)
     run_dir: str | None = None  # where adapters/<adapter>/v<N>/ live; the newest version is served
     adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
     temperature: float | None = Field(0.0, ge=0)  # every role samples at this temperature; None: as declared
@@ -74,6 +76,7 @@ class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None  # base model directory; None: the cached warm-started demo model
+    bases: dict[str, str] = Field(default_factory=dict)  # more base models (name -> directory) beside "base"
     teams: dict[str, TeamSpec]
     engine: Literal["embedded", "vllm"] = "embedded"
     vllm_url: str | None = None  # attach to this vLLM server instead of launching one
@@ -92,9 +95,16 @@ class ServeConfig(BaseModel):
         run_dir = Path(run_dir)
         cfg_file = run_dir / "config.yaml"
         team_cfg = (yaml.safe_load(cfg_file.read_text()) or {}).get("team", {}) if cfg_file.is_file() else {}
-        spec = TeamSpec(run_dir=str(run_dir), **({"roles": team_cfg["roles"]} if "roles" in team_cfg else {}))
+        spec = TeamSpec(
+            run_dir=str(run_dir),
+            role_bases=team_cfg.get("role_bases") or {},
+            **({"roles": team_cfg["roles"]} if "roles" in team_cfg else {}),
+        )
         name = team_name or run_dir.resolve().name
-        return cls(model=team_cfg.get("model"), teams={name: spec}, base_dir=str(run_dir), **overrides)
+        bases = team_cfg.get("bases") or {}
+        return cls(
+            model=team_cfg.get("model"), bases=bases, teams={name: spec}, base_dir=str(run_dir), **overrides
+        )
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> ServeConfig:
@@ -114,6 +124,13 @@ def load_roles(factory: str, options: dict[str, Any] | None = None) -> list[Role
     if not roles or not all(isinstance(r, Role) for r in roles):
         raise ValueError(f"roles {factory!r} did not return a list of Role")
     return list(roles)
+
+
+def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
+    """Roles with the base model the config names for them, others unchanged (as the trainer does)."""
+    from teamtr.training.trainer import with_bases as trainer_with_bases
+
+    return trainer_with_bases(roles, role_bases) if role_bases else roles
 
 
 def with_temperature(roles: list[Role], temperature: float | None) -> list[Role]:
@@ -149,7 +166,7 @@ class Server:
     registry: AdapterRegistry
     tracer: TeamTracer | None
     teams: dict[str, ServedTeam]
-    vllm_server: Any = None
+    vllm_servers: list[Any] = field(default_factory=list)  # launched by this server, stopped with it
 
     async def aclose(self) -> None:
         await self.registry.close()  # a shared vLLM server must not keep this server's adapters
@@ -158,37 +175,49 @@ class Server:
         close = getattr(self.engine, "aclose", None)
         if close is not None:
             await close()
-        if self.vllm_server is not None and getattr(self.vllm_server, "process", None) is not None:
-            self.vllm_server.stop()
+        for server in self.vllm_servers:
+            server.stop()
 
 
-def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> tuple[Any, Any]:
-    """(engine, vLLM server handle or None) for the configured engine."""
+def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> tuple[Any, list[Any]]:
+    """(engine, the vLLM servers launched for it) for the configured engine; one base model per entry of
+    {"base": model, **config.bases}."""
+    bases = {DEFAULT_BASE: model, **{name: config.path(p) for name, p in config.bases.items()}}
     if config.engine == "embedded":
         from teamtr.serving.embedded import EmbeddedEngine
 
-        return EmbeddedEngine(model, threads=config.torch_threads), None
+        return EmbeddedEngine(bases, threads=config.torch_threads), []
     from teamtr.serving.vllm_engine import VLLMEngine
     from teamtr.serving.vllm_server import attach_vllm_server, start_vllm_server
 
     if config.vllm_url:
-        server = attach_vllm_server(config.vllm_url, model_dir=str(model))
-    else:
-        # room for two versions of a few roles at once: the outgoing one serves pinned episodes
-        server = start_vllm_server(model, max_lora_rank=max_lora_rank, max_loras=8)
-    return VLLMEngine.single(server), server
+        if config.bases:
+            raise ValueError("--vllm-url attaches one server for one base model; this team has several")
+        return VLLMEngine.single(attach_vllm_server(config.vllm_url, model_dir=str(model))), []
+    servers = {}
+    try:
+        for name, path in bases.items():
+            # room for two versions of a few roles at once: the outgoing one serves pinned episodes
+            servers[name] = start_vllm_server(path, max_lora_rank=max_lora_rank, max_loras=8)
+    except Exception:
+        for server in servers.values():
+            server.stop()
+        raise
+    return VLLMEngine(servers), list(servers.values())
 
 
 async def build_server(config: ServeConfig, engine: Any | None = None, on_trajectory: Any = None) -> Server:
     """Engine, registry with each role's newest adapter version live, teams, tracer, app."""
     model = model_dir(config)
-    vllm_server = None
+    vllm_servers: list[Any] = []
     if engine is None:
-        engine, vllm_server = build_engine(config, model)
+        engine, vllm_servers = build_engine(config, model)
     registry = AdapterRegistry(engine)
     teams: dict[str, ServedTeam] = {}
     for name, spec in config.teams.items():
-        roles = with_temperature(load_roles(spec.roles, spec.options), spec.temperature)
+        roles = with_temperature(
+            with_bases(load_roles(spec.roles, spec.options), spec.role_bases), spec.temperature
+        )
         for role in roles:
             if role.adapter is None or role.adapter in registry.adapters():
                 continue
@@ -222,7 +251,7 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
         max_body_bytes=config.max_body_bytes,
     )
     app = create_app(teams, registry, tracer, settings, on_trajectory=on_trajectory)
-    return Server(app, engine, registry, tracer, teams, vllm_server)
+    return Server(app, engine, registry, tracer, teams, vllm_servers)
 
 
 # ---- commands ---------------------------------------------------------------------------------------

@@ -4,15 +4,17 @@ bad input gets a 4xx in OpenAI's error shape and the server keeps serving."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import openai
 import pytest
 import yaml
 from langchain_openai import ChatOpenAI
-from serving_fixtures import make_run_dir
+from serving_fixtures import make_run_dir, write_versions
 
 from teamtr.serving.cli import BackgroundServer, ServeConfig
+from teamtr.serving.registry import AdapterError
 
 API_KEY, ADMIN_KEY = "sk-test-key", "admin-test-key"
 TASK = "12+7+30+5"
@@ -334,3 +336,29 @@ def test_a_config_file_serves_several_teams_on_one_engine(tiny_model_dir, tmp_pa
         assert [t["role"] for t in duo.model_extra["teamtr"]["turns"]] == ["adder1", "adder2"]
         assert server.server.registry.adapters() == ["adder1", "adder2", "adder3"]  # one version each, shared
     assert (tmp_path / "spans" / "traces.db").is_file()  # relative paths resolve beside the config file
+
+
+def test_a_heterogeneous_run_serves_each_role_on_its_own_base(tiny_model_dir, tmp_path):
+    """A run whose config puts adder2 on a second base model (team.bases / team.role_bases)."""
+    from conftest import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other-model", seed=1)
+    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    shutil.rmtree(run / "adapters" / "adder2")
+    write_versions(other, run, range(1, 2), roles=("adder2",))
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["team"].update(bases={"other": str(other)}, role_bases={"adder2": "other"})
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    recorded = []
+    with BackgroundServer(ServeConfig.from_run_dir(run, "chain"), on_trajectory=recorded.append) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        client.chat.completions.create(model="chain", messages=[{"role": "user", "content": TASK}])
+        engine = server.server.engine
+        assert [t.base_model for t in recorded[0].turns] == ["base", "other", "base"]
+        turn = recorded[0].turns[1]
+        on_other = engine.score([turn.prompt_ids], [turn.completion_ids], "adder2@v1", base="other")[0]
+        assert on_other == pytest.approx(turn.logprobs, abs=1e-4)
+        # an adapter trained on the other base is refused for a role served on "base"
+        with pytest.raises(AdapterError, match="base model"):
+            server.call(server.server.registry.push, "adder1", run / "adapters" / "adder2" / "v1", 9)
+        assert server.server.registry.current_versions()["adder1"] == 1
