@@ -176,7 +176,7 @@ def main() -> None:
     for name, path in (("incumbent", incumbent), ("newcomer", newcomer)):
         try:
             models[name] = {"path": str(path), "summary": load_report(path).summary()}
-        except FileNotFoundError:
+        except Exception:  # not a warm start (any model directory works), or an older report format
             models[name] = {"path": str(path)}
         console.print(f"{name}: {models[name]}")
     runs = [one_seed(seed, newcomer, args) for seed in range(args.seeds)]
