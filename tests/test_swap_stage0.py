@@ -306,3 +306,25 @@ def test_cli_swap_writes_a_run_directory_and_reports_bad_input(trained_run, mode
     assert bad.exit_code != 0 and "unknown role" in bad.output
     again = runner.invoke(app, args)  # the output directory is not empty now
     assert again.exit_code != 0 and "not empty" in again.output
+
+
+def test_mixture_target_pulls_the_newcomer_towards_the_incumbent(trained_run, models, tmp_path):
+    from teamtr.training.swap import SwapConfig, swap_role
+
+    result = swap_role(
+        trained_run,
+        SwapConfig(
+            role="adder2",
+            model=models["big"],
+            out=str(tmp_path / "mixture"),
+            probes=32,
+            delta0=1e-6,
+            max_rounds=3,
+            minibatch=16,
+            target="mixture",
+            mixture_lambda=3.0,
+        ),
+    )
+    assert result.extra["target"] == "mixture"
+    # the geometric mixture lies between the newcomer and the incumbent: the KL to the incumbent falls
+    assert min(result.kl_history[1:]) < result.kl_history[0]
