@@ -66,6 +66,10 @@ def eval_command(
         Path | None, typer.Option(help="score a JSONL of {id, response[, tokens]} instead of running a team")
     ] = None,
     roles: Annotated[int, typer.Option(min=1, help="generic solver roles when the team has none")] = 3,
+    single_turns: Annotated[
+        int | None,
+        typer.Option(min=1, help="baseline's turns (default: one per team role; 1 = one long message)"),
+    ] = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="per message")] = 32,
     batch_size: Annotated[int, typer.Option(min=1, help="instances per engine batch")] = 16,
@@ -130,7 +134,9 @@ def eval_command(
         team_runner = runners.team()
     result = evaluate(family, instances, team_runner, k, batch_size, show_progress, seed)
     if baseline and runners is not None:
-        result.baseline = best_of_n(family, instances, runners.single(), result, batch_size, show_progress)
+        result.baseline = best_of_n(
+            family, instances, runners.single(turns=single_turns), result, batch_size, show_progress
+        )
     out_dir = out or Path("runs") / "eval" / task
     result.save(out_dir)
     plots = plot_result(result, out_dir)

@@ -8,7 +8,7 @@
 
 Roles: the run's roles, else the chain demo's adders for `chain`, else `--roles` generic solvers with a
 short per-family system prompt. For `split`, role i also sees its private table (`role_view`).
-The single-model baseline is one agent answering in one message, with the whole team's token allowance.
+The single-model baseline is one agent (one policy) given every private fact; see `EngineRunners.single`.
 """
 
 from __future__ import annotations
@@ -176,18 +176,32 @@ class EngineRunners:
 
         return run
 
-    def single(self, adapter: str | None = None) -> Runner:
-        """One agent, one message, the team's whole token allowance; it sees every role's private facts."""
-        from teamtr.graphs.team import Team
+    def single(self, adapter: str | None = None, turns: int | None = None) -> Runner:
+        """One agent (one policy, no role adapters unless `adapter`) that sees every role's private facts.
+
+        turns=None: it speaks as many turns as the team has roles, each one message like a role's (the
+        small character models write one line per message and never stop on their own, so a single long
+        message would only ramble to the limit). turns=1: one message with the whole team's allowance and
+        no newline stop, the natural form for a chat model that ends its answer with EOS."""
+        from teamtr.graphs.team import RoundRobin, Team
 
         n_roles = len(self.spec.roles)
+        turns = n_roles if turns is None else turns
+        if turns < 1:
+            raise ValueError("turns must be >= 1")
+        if turns == 1:
+            sampling = replace(self.sampling, max_new_tokens=self.sampling.max_new_tokens * n_roles, stop=())
+        else:
+            sampling = replace(self.sampling, stop=(MESSAGE_END,))
         solo = Role(
             name="single",
             system_prompt=SYSTEM_PROMPTS.get(self.family.name, "Solve the task."),
             adapter=adapter,
-            sampling=replace(self.sampling, max_new_tokens=self.sampling.max_new_tokens * n_roles, stop=()),
+            sampling=sampling,
         )
-        team = Team.from_engine([solo], self.engine, name=f"{self.family.name}-single")
+        team = Team.from_engine(
+            [solo], self.engine, router=RoundRobin(rounds=turns), name=f"{self.family.name}-single"
+        )
         full_prompt = getattr(self.family, "full_prompt", None)
 
         def run(instances: Sequence[TaskInstance], samples: int) -> list[list[Episode]]:

@@ -91,6 +91,10 @@ def test_split_roles_each_see_only_their_own_table(tiny_model_dir):
     assert family.role_view(inst, 1) in roles[1].system_prompt
     episodes = runners.team()([inst], 2)
     assert len(episodes[0]) == 2 and all(e.turns == 2 for e in episodes[0])
+    # the single-model baseline: one policy, as many turns as the team has roles, or one long message
+    assert [e.turns for e in runners.single()([inst], 2)[0]] == [2, 2]
+    one = runners.single(turns=1)([inst], 1)[0][0]
+    assert one.turns == 1 and one.completion_tokens <= 2 * 4
     runners.close()
 
 
