@@ -186,7 +186,7 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
     if config.engine == "embedded":
         from teamtr.serving.embedded import EmbeddedEngine
 
-        return EmbeddedEngine(bases, threads=config.torch_threads), []
+        return EmbeddedEngine(bases, threads=config.torch_threads, decode_in_thread=True), []
     from teamtr.serving.vllm_engine import VLLMEngine
     from teamtr.serving.vllm_server import attach_vllm_server, start_vllm_server
 

@@ -115,10 +115,14 @@ class EmbeddedEngine:
         dtype: torch.dtype = torch.float32,
         threads: int | None = None,
         max_batch: int = 64,
+        decode_in_thread: bool = False,
     ) -> None:
         """`bases`: base name -> model path (a single path means one base named "base").
         `adapters`: adapter name -> peft adapter dir to load, or None to create a fresh LoRA adapter
-        (B = 0, so it starts equal to the base) on the default base."""
+        (B = 0, so it starts equal to the base) on the default base.
+        `decode_in_thread`: decode in a worker thread so requests arriving mid-decode join the next batch
+        (serving); batch composition then depends on timing, so seeded runs are no longer bit-identical.
+        Off by default: training rollouts want reproducible batches."""
         set_torch_threads(threads)
         if not isinstance(bases, dict):
             bases = {DEFAULT_BASE: bases}
@@ -127,6 +131,8 @@ class EmbeddedEngine:
         self._bases = {name: _Base(path, dtype) for name, path in bases.items()}
         self.lora = lora or LoraSettings()
         self.max_batch = max_batch
+        self.decode_in_thread = decode_in_thread
+        self._locks: dict[str, asyncio.Lock] = {}  # per base: decoding vs adapter load/unload
         self._pending: dict[str, list[_Request]] = {b: [] for b in self._bases}
         self._workers: dict[str, asyncio.Task] = {}
         self.forward_batches = 0  # decoding forward passes run (a batched step counts once)
@@ -196,15 +202,23 @@ class EmbeddedEngine:
         b.model.eval()
         b.versions[name] = b.versions.get(name, -1) + 1
 
+    def _lock(self, base: str) -> asyncio.Lock:
+        lock = self._locks.get(base)
+        if lock is None:
+            lock = self._locks[base] = asyncio.Lock()
+        return lock
+
     async def load_adapter(self, name: str, path: str, base: str = DEFAULT_BASE) -> None:
-        self.load_adapter_sync(name, path, base)
+        async with self._lock(base):  # never change the model under a decode running in a thread
+            self.load_adapter_sync(name, path, base)
 
     async def unload_adapter(self, name: str, base: str = DEFAULT_BASE) -> None:
-        b = self._base(base)
-        if name not in b.versions:
-            raise KeyError(f"unknown adapter {name!r}")
-        b.peft.delete_adapter(name)
-        del b.versions[name]
+        async with self._lock(base):
+            b = self._base(base)
+            if name not in b.versions:
+                raise KeyError(f"unknown adapter {name!r}")
+            b.peft.delete_adapter(name)
+            del b.versions[name]
 
     def save_adapter(self, name: str, out_dir: str | Path, base: str = DEFAULT_BASE) -> Path:
         """peft's standard format (adapter_config.json + adapter_model.safetensors) in `out_dir`."""
@@ -349,7 +363,11 @@ class EmbeddedEngine:
                 seen = len(pending)
             batch, pending[:] = pending[: self.max_batch], pending[self.max_batch :]
             try:
-                self._decode(self._base(base), batch)
+                if self.decode_in_thread:
+                    async with self._lock(base):
+                        await asyncio.to_thread(self._decode, self._base(base), batch)
+                else:
+                    self._decode(self._base(base), batch)
             except Exception as e:  # fail the callers, keep the engine alive
                 for r in batch:
                     if not r.future.done():

@@ -168,3 +168,27 @@ def test_end_from_custom_router(engine):
     team = Team.from_engine(chain_roles(2), engine, router=one_turn)
     traj = team.run(get_task("chain").generate(1, seed=0), seed=0)[0]
     assert [t.role for t in traj.turns] == ["adder2"]
+
+
+def test_threaded_decoding_serves_while_adapters_change(tiny_model_dir, tmp_path):
+    """decode_in_thread (serving): episodes keep decoding while an adapter is loaded and unloaded."""
+    import asyncio
+
+    eng = EmbeddedEngine(tiny_model_dir, adapters={r: None for r in ROLES}, threads=1, decode_in_thread=True)
+    eng.save_adapter("adder1", tmp_path / "a1")
+    team = chain_team(eng)
+    task = get_task("chain")
+
+    async def serve_and_swap():
+        rollouts = asyncio.ensure_future(team.rollout(task.generate(4, seed=0), group_size=4, seed=1))
+        for k in range(3):
+            await eng.load_adapter(f"adder1@v{k}", str(tmp_path / "a1"))
+            await asyncio.sleep(0.01)
+            await eng.unload_adapter(f"adder1@v{k}")
+        return await rollouts
+
+    trajs = asyncio.run(serve_and_swap())
+    assert len(trajs) == 16 and all(len(t.turns) == 3 for t in trajs)
+    turn = trajs[0].turns[2]
+    rescored = eng.score([turn.prompt_ids], [turn.completion_ids], turn.adapter)[0]
+    assert max(abs(a - b) for a, b in zip(rescored, turn.logprobs, strict=True)) < 1e-4
