@@ -328,3 +328,23 @@ def test_mixture_target_pulls_the_newcomer_towards_the_incumbent(trained_run, mo
     assert result.extra["target"] == "mixture"
     # the geometric mixture lies between the newcomer and the incumbent: the KL to the incumbent falls
     assert min(result.kl_history[1:]) < result.kl_history[0]
+
+
+def test_a_role_swapped_twice_drops_the_base_no_role_uses(trained_run, models, tmp_path):
+    from teamtr.training.swap import SwapConfig, swap_role
+
+    quick = {"probes": 8, "max_rounds": 1, "extra_stages": 0}
+    first = swap_role(
+        trained_run, SwapConfig(role="adder2", model=models["big"], out=str(tmp_path / "one"), **quick)
+    )
+    second = swap_role(
+        first.out_dir,
+        SwapConfig(role="adder2", model=models["incumbent"], out=str(tmp_path / "two"), **quick),
+    )
+    assert (first.base_name, second.base_name) == ("adder2-swap1", "adder2-swap2")
+    cfg = TrainConfig.from_yaml(second.out_dir / "config.yaml")
+    assert cfg.team.bases == {"adder2-swap2": str(Path(models["incumbent"]).resolve())}
+    assert cfg.team.role_bases == {"adder2": "adder2-swap2"}
+    assert second.new_version == first.new_version + 1
+    # the second swap's incumbent was the first newcomer: its held-out return is the one the first wrote
+    assert second.eval_before == pytest.approx(first.eval_after)

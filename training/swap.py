@@ -519,14 +519,16 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None 
 
     # 3. WRITE the new run directory
     new_version = int(ckpt.state["versions"][role.adapter]) + 1
-    new_cfg = train_cfg.with_overrides(
-        {
-            "run_dir": str(out),
-            "stages": int(ckpt.state["next_stage"]) + cfg.extra_stages,
-            "team.bases": {**train_cfg.team.bases, base_name: str(newcomer_path)},
-            "team.role_bases": {**train_cfg.team.role_bases, cfg.role: base_name},
-        }
-    )
+    used_bases = {r.base_model for r in new_roles}
+    new_dict = train_cfg.to_dict()  # (not with_overrides: its merge would keep bases no role uses)
+    new_dict["run_dir"] = str(out)
+    new_dict["stages"] = int(ckpt.state["next_stage"]) + cfg.extra_stages
+    new_dict["team"]["bases"] = {
+        **{b: path for b, path in train_cfg.team.bases.items() if b in used_bases},
+        base_name: str(newcomer_path),
+    }
+    new_dict["team"]["role_bases"] = {**train_cfg.team.role_bases, cfg.role: base_name}
+    new_cfg = TrainConfig.from_dict(new_dict)
     _copy_run(run_dir, out)
     new_cfg.to_yaml(out / "config.yaml")
     save_peft_adapter(engine.model(base_name), role.adapter, adapter_dir(out, cfg.role, new_version))
