@@ -157,17 +157,17 @@ class TeamTracer:
         span.end(end_time=end_ns)
 
     def finish_episode(self, episode: Span, trajectory: Trajectory, adapter_versions: dict[str, int]) -> None:
-        episode.set_attributes(
-            {
-                INPUT_TOKENS: sum(len(t.prompt_ids) for t in trajectory.turns),
-                OUTPUT_TOKENS: sum(len(t.completion_ids) for t in trajectory.turns),
-                TASK_ID: trajectory.task_id,
-                GROUP_ID: trajectory.group_id,
-                FINAL_ANSWER: trajectory.final_answer if trajectory.final_answer is not None else "",
-                METADATA: json.dumps(trajectory.metadata, default=str),
-                ADAPTER_VERSIONS: json.dumps(adapter_versions),
-            }
-        )
+        attributes = {
+            INPUT_TOKENS: sum(len(t.prompt_ids) for t in trajectory.turns),
+            OUTPUT_TOKENS: sum(len(t.completion_ids) for t in trajectory.turns),
+            TASK_ID: trajectory.task_id,
+            GROUP_ID: trajectory.group_id,
+            METADATA: json.dumps(trajectory.metadata, default=str),
+            ADAPTER_VERSIONS: json.dumps(adapter_versions),
+        }
+        if trajectory.final_answer is not None:  # absent = no final answer; "" is an empty one
+            attributes[FINAL_ANSWER] = trajectory.final_answer
+        episode.set_attributes(attributes)
         episode.set_status(Status(StatusCode.OK))
 
     def record_feedback(self, conversation_id: str, reward: float, comment: str | None = None) -> None:
@@ -238,7 +238,6 @@ def trajectories_from_spans(spans: Iterable[StoredSpan], require_reward: bool = 
         if require_reward and conversation not in rewards:
             continue
         children = sorted(turns[(ep.trace_id, ep.span_id)], key=lambda s: int(s.attributes[TURN_INDEX]))
-        final = a.get(FINAL_ANSWER, "")
         metadata = json.loads(a.get(METADATA, "{}"))
         out.append(
             Trajectory(
@@ -246,7 +245,7 @@ def trajectories_from_spans(spans: Iterable[StoredSpan], require_reward: bool = 
                 turns=[_turn_from_span(s) for s in children],
                 reward=rewards.get(conversation, 0.0),
                 group_id=a.get(GROUP_ID, ""),
-                final_answer=final if final != "" else None,
+                final_answer=a.get(FINAL_ANSWER),
                 metadata=metadata,
             )
         )
