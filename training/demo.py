@@ -28,7 +28,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "seed": 0,
     "stages": 8,
     "rollout": {"prompts_per_update": 16, "group_size": 8, "temperature": 1.0},
-    "optim": {"lr": 1e-3, "epochs": 4, "minibatch_messages": 64},
+    "optim": {"lr": 3e-3, "epochs": 2, "minibatch_messages": 64},
     "trust_region": {"delta": 0.05},
     "eval": {"stage_episodes": 128, "final_episodes": 300, "temperature": 0.0},
 }
