@@ -109,7 +109,7 @@ def table(runs: list[dict], stages_after: int) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[dict], stages_after: int, png: Path) -> None:
+def plot(runs: list[dict], stages_after: int, png: Path, delta0: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +117,7 @@ def plot(runs: list[dict], stages_after: int, png: Path) -> None:
 
     x = list(range(stages_after + 2))
     labels = ["before", "swap"] + [f"+{k}" for k in range(1, stages_after + 1)]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, kl_ax) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
     for path, label, color in (
         ("direct", "direct swap", "tab:red"),
         ("stage0", "Stage-0 + swap", "tab:blue"),
@@ -132,6 +132,14 @@ def plot(runs: list[dict], stages_after: int, png: Path) -> None:
     ax.set_ylabel("held-out team accuracy (%)")
     ax.set_title("swap shock: one role replaced by a larger small model")
     ax.legend()
+    for r in runs:  # Stage-0: monitored KL(newcomer || incumbent) per round
+        kl_ax.plot(r["stage0"]["kl_history"], "-o", ms=3, label=f"seed {r['seed']}")
+    kl_ax.axhline(delta0, color="k", ls="--", lw=1, label="delta0")
+    kl_ax.set_yscale("log")
+    kl_ax.set_xlabel("Stage-0 round")
+    kl_ax.set_ylabel("monitored KL(newcomer || incumbent), nats / message")
+    kl_ax.set_title("Stage-0 alignment")
+    kl_ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
@@ -153,7 +161,16 @@ def main() -> None:
     p.add_argument("--incumbent", default=None, help="team model dir (default: a cached warm start)")
     p.add_argument("--newcomer", default=None, help="newcomer model dir (default: a cached warm start)")
     p.add_argument("--out", default="benchmarks/results/swap_shock")
+    p.add_argument(
+        "--replot", action="store_true", help="only rebuild table and PNG from OUT/swap_shock.json"
+    )
     args = p.parse_args()
+    if args.replot:
+        saved = json.loads((Path(args.out) / "swap_shock.json").read_text())
+        (Path(args.out) / "swap_shock.md").write_text(table(saved["runs"], args.stages_after) + "\n")
+        plot(saved["runs"], args.stages_after, Path(args.out) / "swap_shock.png", args.delta0)
+        console.print(table(saved["runs"], args.stages_after))
+        return
 
     import torch
 
@@ -194,7 +211,7 @@ def main() -> None:
             indent=1,
         )
     )
-    plot(runs, args.stages_after, out / "swap_shock.png")
+    plot(runs, args.stages_after, out / "swap_shock.png", args.delta0)
     console.print(md)
     console.print(f"{out}/swap_shock.png, total {time.perf_counter() - t0:.0f} s")
 
