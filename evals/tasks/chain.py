@@ -21,7 +21,7 @@ class ChainArithmetic:
     name = "chain"
     description = "running sum over n+1 operands, one addition per role (demo task)"
 
-    def __init__(self, steps: int = 3, max_operand: int = 40) -> None:
+    def __init__(self, steps: int = 3, max_operand: int = 9) -> None:
         if steps < 1:
             raise ValueError("steps must be >= 1")
         self.steps = steps
