@@ -68,7 +68,12 @@ def chain_roles(steps: int = 3) -> list[Role]:
 
 @dataclass
 class WarmStartConfig:
-    """How the demo model is built. The defaults reach the band in about 1-2 minutes on 2 CPU threads."""
+    """How the demo model is built.
+
+    Measured with the defaults on this 2-core machine while other jobs kept it busy (load average 6-8,
+    so 1 thread): seeds 0/1/2 entered the band after 320/280/320 steps, 104-121 s for the whole build,
+    greedy team accuracy 33.6%/34.0%/34.0%, sampled 21.2%/24.5%/18.9%, pass@8 79.2%/80.2%/75.0%.
+    """
 
     # model: a LlamaForCausalLM over the character tokenizer; head size = hidden / heads = 32 (vLLM)
     hidden: int = 128
@@ -614,7 +619,12 @@ def _plot_history(report: WarmStartReport, png: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(seconds, [r["team_accuracy"] for r in report.history], "k-o", ms=3, label="team (greedy)")
     for k in range(len(report.history[0]["step_accuracy"])):
-        ax.plot(seconds, [r["step_accuracy"][k] for r in report.history], "--", label=f"role {k + 1}")
+        ax.plot(
+            seconds,
+            [r["step_accuracy"][k] for r in report.history],
+            "--",
+            label=f"role {k + 1} (on correct input)",
+        )
     ax.axhspan(*report.config["band"], color="green", alpha=0.1, label="target band")
     ax.set_xlabel("seconds since build start")
     ax.set_ylabel("held-out accuracy")
