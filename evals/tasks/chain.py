@@ -1,7 +1,7 @@
 """Chain arithmetic: the demo task. n roles add a running sum one operand each.
 
-The task `12+7+30+5` is solved in turns, each role reducing the previous line by one addition: role 1
-writes `19+30+5`, role 2 writes `49+5`, role 3 writes `54`, the team's final answer. Each role's job
+The task `3+7+9+5` is solved in turns, each role reducing the previous line by one addition: role 1
+writes `10+9+5`, role 2 writes `19+5`, role 3 writes `24`, the team's final answer. Each role's job
 (add the first two numbers, copy the rest) is local and learnable by a 1M-parameter model, and every
 later role acts on the context the earlier ones produced: when an earlier role changes, the later roles
 see different contexts (the occupancy shift TeamTR is about).
