@@ -41,6 +41,7 @@ from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerF
 
 from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks.chain import ChainArithmetic
+from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.training.tiny_models import MESSAGE_END, build_char_tokenizer, tiny_llama_config
@@ -53,17 +54,6 @@ REPORT_FILE = "warmstart.json"  # written last: its presence (and its file hashe
 HISTORY_FILE = "warmstart_history.jsonl"
 CURVE_FILE = "warmstart_curve.png"
 IGNORE_INDEX = -100
-CHAIN_SYSTEM_PROMPT = "Add the first two numbers."
-
-
-def chain_roles(steps: int = 3) -> list[Role]:
-    """The demo team: role k performs addition number k of the chain."""
-    if steps < 1:
-        raise ValueError("steps must be >= 1")
-    return [
-        Role(name=f"adder{k}", system_prompt=CHAIN_SYSTEM_PROMPT, adapter=f"adder{k}")
-        for k in range(1, steps + 1)
-    ]
 
 
 @dataclass
