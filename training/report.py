@@ -87,7 +87,7 @@ def _kl_per_update(runs: dict, path: Path) -> Path:
     if delta is not None:
         ax.axhline(delta, color="black", linestyle="--", label="delta")
     ax.set_xlabel("update")
-    ax.set_ylabel("d_hat = mean message sum of log(pi_cur/pi_new)")
+    ax.set_ylabel("d_hat (the constrained KL estimate, k3 or k1)")
     ax.set_title("Per-agent KL trust region")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
