@@ -56,6 +56,7 @@ def _return_per_stage(runs: dict, path: Path) -> Path:
     for name, run in runs.items():
         evals = [r for r in run["eval"] if r.get("stage") == -1][:1] + run["stage"]
         ys = [e.get("accuracy", e.get("eval_after")) for e in evals]
+        ys = [np.nan if y is None else y for y in ys]  # per-stage evaluation switched off
         ax.plot(range(len(ys)), ys, marker="o", label=name)
     ax.set_xlabel("stages completed")
     ax.set_ylabel("held-out team return (accuracy)")
@@ -100,8 +101,9 @@ def _kl_per_update(runs: dict, path: Path) -> Path:
 def _certificate_vs_improvement(runs: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, run in runs.items():
-        xs = [s["certificate"] for s in run["stage"]]
-        ys = [s["realised_improvement"] for s in run["stage"]]
+        measured = [s for s in run["stage"] if s.get("realised_improvement") is not None]
+        xs = [s["certificate"] for s in measured]
+        ys = [s["realised_improvement"] for s in measured]
         rho = rank_correlation(xs, ys) if xs else None
         tag = f" (Spearman {rho:.2f})" if rho is not None else ""
         ax.scatter(xs, ys, label=name + tag)

@@ -592,7 +592,7 @@ class Trainer:
 
         def stage_eval(label: str) -> dict[str, Any]:
             if not stage_eval_tasks:
-                return {"accuracy": float("nan"), "episodes": 0, "tokens": 0}
+                return {"accuracy": None, "episodes": 0, "tokens": 0}  # per-stage evaluation switched off
             result = evaluate(eval_team, task, stage_eval_tasks, seed=derive_seed(cfg.seed, "eval"))
             self.callbacks.evaluation(label, result)
             return result
@@ -613,7 +613,7 @@ class Trainer:
             )
             state.stage_certificates.append(certificate)
             state.evals.append(stage_eval(f"after stage {stage}"))
-            improvement = state.evals[-1]["accuracy"] - state.evals[-2]["accuracy"]
+            improvement = _difference(state.evals[-1]["accuracy"], state.evals[-2]["accuracy"])
             metrics.log(
                 "stage",
                 state.step,
@@ -634,7 +634,11 @@ class Trainer:
             team.done_updates.clear()
             self._checkpoint(team, stage + 1)
         improvements = [
-            b["accuracy"] - a["accuracy"] for a, b in zip(state.evals, state.evals[1:], strict=False)
+            _difference(b["accuracy"], a["accuracy"])
+            for a, b in zip(state.evals, state.evals[1:], strict=False)
+        ]
+        measured = [
+            (c, d) for c, d in zip(state.stage_certificates, improvements, strict=False) if d is not None
         ]
         updates = read_metrics(self.run_dir, kind="update")
         summary = {
@@ -643,7 +647,9 @@ class Trainer:
             "train_tokens": state.train_tokens,
             "diagnostic_tokens": state.diagnostic_tokens,
             "eval_accuracy": [e["accuracy"] for e in state.evals],
-            "certificate_rank_correlation": rank_correlation(state.stage_certificates, improvements),
+            "certificate_rank_correlation": rank_correlation(
+                [c for c, _ in measured], [d for _, d in measured]
+            ),
             # the paper's "fraction of updates that left the region": first attempt ended with d_hat > delta
             "left_region_fraction": float(np.mean([u["left_region"] for u in updates])) if updates else 0.0,
             "rejected_fraction": float(np.mean([not u["accepted"] for u in updates])) if updates else 0.0,
@@ -728,6 +734,10 @@ def turn_versions(batch: RolloutBatch) -> dict[str, list[int]]:
             if t.adapter is not None:
                 seen.setdefault(t.adapter, set()).add(t.adapter_version)
     return {a: sorted(v) for a, v in seen.items()}
+
+
+def _difference(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
 
 
 def _term_fields(d: dict[str, Any]) -> dict[str, float]:
