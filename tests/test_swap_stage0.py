@@ -266,6 +266,8 @@ def test_a_newcomer_with_another_tokenizer_works_end_to_end(trained_run, models,
     assert all(k >= 0 for k in result.kl_history)  # the k3 form is >= 0 per message
     assert min(result.kl_history[1:]) < result.kl_history[0]  # Stage-0 moved the newcomer towards the team
     assert not result.converged
+    # at the round cap the adapter of the closest round is kept: its KL is the final value
+    assert result.kl_final == min(result.kl_history[:7])
     summary = train(TrainConfig.from_yaml(result.out_dir / "config.yaml"))
     assert summary["stages"] == 2
     updates = [u for u in read_metrics(result.out_dir, kind="update") if u["stage"] == 1]

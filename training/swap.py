@@ -411,10 +411,14 @@ class Aligner:
 
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self, callbacks: Callbacks | None = None) -> tuple[list[float], bool, int]:
-        """Rounds: sample at every probe -> monitor -> stop if <= delta_0 -> one epoch of minibatches."""
+        """Rounds: sample at every probe -> monitor -> stop if <= delta_0 -> `epochs` passes of minibatches.
+
+        If the round cap comes first, the adapter of the round with the lowest monitored KL is kept (the
+        KL is not monotone in the rounds) and its KL is appended to the history as the final value."""
         callbacks = callbacks or Callbacks()
         cfg = self.cfg
         history: list[float] = []
+        best: tuple[float, dict[str, torch.Tensor]] | None = None
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "stage0-minibatches"))
         for k in range(cfg.max_rounds + 1):
             samples = self.sample(k)
@@ -422,8 +426,15 @@ class Aligner:
                 kl = float(self.monitor(samples))
             history.append(kl)
             callbacks.round(k, cfg.max_rounds, kl, cfg.delta0)
-            if kl <= cfg.delta0 or k == cfg.max_rounds:
-                return history, kl <= cfg.delta0, k
+            if kl <= cfg.delta0:
+                return history, True, k
+            if best is None or kl < best[0]:
+                best = (kl, self.new.engine.snapshot_adapter(self.new.adapter, self.new.base))
+            if k == cfg.max_rounds:
+                if best[0] < kl:  # back to the closest newcomer seen
+                    self.new.engine.restore_adapter(self.new.adapter, best[1], self.new.base)
+                    history.append(best[0])
+                return history, False, k
             for _ in range(cfg.epochs):
                 for idx in torch.randperm(len(samples), generator=gen).split(cfg.minibatch):
                     loss, _ = self.divergence(samples.subset(idx.tolist()), cfg.target, grad=True)
