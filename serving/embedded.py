@@ -23,7 +23,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from teamtr.serving.engine import DEFAULT_BASE, Generation, SamplingParams
+from teamtr.serving.engine import DEFAULT_BASE, LORA_TARGET_MODULES, Generation, SamplingParams
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 
@@ -35,15 +35,7 @@ class LoraSettings:
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
+    target_modules: tuple[str, ...] = LORA_TARGET_MODULES
 
     def peft_config(self) -> LoraConfig:
         return LoraConfig(

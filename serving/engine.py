@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 DEFAULT_BASE = "base"
+# The attention and MLP projections of Llama/Qwen-style models: what role adapters target by default and
+# what the vLLM launcher lets a LoRA touch (not lm_head / embeddings; see docs/vllm.md).
+LORA_TARGET_MODULES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
 
 
 @dataclass(frozen=True)

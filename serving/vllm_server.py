@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from teamtr.serving.engine import LORA_TARGET_MODULES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".vllm-venv" / "bin" / "python"
 # Environment variable that overrides the default interpreter (e.g. a CUDA vllm environment).
@@ -53,15 +55,7 @@ class VLLMServerConfig:
     # Modules a LoRA may target. Not lm_head: with lm_head wrapped for LoRA, vLLM 0.32 (CPU punica)
     # crashes the engine when prompt log-probs (our `score`) are computed for one request while others
     # share the step; peft adapters on these modules are served exactly. None: everything vLLM supports.
-    lora_target_modules: tuple[str, ...] | None = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
+    lora_target_modules: tuple[str, ...] | None = LORA_TARGET_MODULES
     max_model_len: int | None = None  # None: the model config's max_position_embeddings
     max_logprobs: int = 20
     # "uni": the model runs inside the engine-core process instead of a separate worker: one Python
