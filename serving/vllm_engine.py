@@ -97,6 +97,11 @@ def null_adapter_dir(model_dir: str | Path) -> Path:
     return out
 
 
+# Transport failures (not HTTP errors) are retried: resending is harmless, since completions and scoring
+# are stateless and adapter loads are idempotent (load_inplace).
+TRANSPORT_RETRIES = 2
+
+
 class VLLMRequestError(RuntimeError):
     """vLLM refused a request (bad adapter, prompt too long, ...); carries vLLM's own message."""
 
@@ -266,10 +271,16 @@ class VLLMEngine:
     async def _post(self, base: str, endpoint: str, payload: dict) -> httpx.Response:
         client, slots = self._client()
         async with slots:
-            try:
-                response = await client.post(f"{self._base(base).url}{endpoint}", json=payload)
-            except httpx.HTTPError as e:
-                raise VLLMRequestError(0, f"{type(e).__name__}: {e}", endpoint) from e
+            for attempt in range(TRANSPORT_RETRIES + 1):
+                try:
+                    response = await client.post(f"{self._base(base).url}{endpoint}", json=payload)
+                    break
+                except httpx.TransportError as e:  # e.g. a keep-alive connection the server closed
+                    if attempt == TRANSPORT_RETRIES:
+                        raise VLLMRequestError(0, f"{type(e).__name__}: {e}", endpoint) from e
+                    await asyncio.sleep(0.05 * 2**attempt)
+                except httpx.HTTPError as e:
+                    raise VLLMRequestError(0, f"{type(e).__name__}: {e}", endpoint) from e
         if response.status_code >= 400:
             raise VLLMRequestError(response.status_code, _error_message(response), endpoint)
         return response
