@@ -165,6 +165,7 @@ def test_stage0_brings_the_monitored_kl_below_delta0(trained_run, models, tmp_pa
             delta0=delta0,
             max_rounds=8,
             minibatch=16,
+            lr=1e-2,
         ),
     )
     assert result.divergence == "token"
@@ -325,6 +326,7 @@ def test_mixture_target_pulls_the_newcomer_towards_the_incumbent(trained_run, mo
             minibatch=16,
             target="mixture",
             mixture_lambda=3.0,
+            lr=1e-2,
         ),
     )
     assert result.extra["target"] == "mixture"

@@ -83,7 +83,7 @@ class SwapConfig:
     target: Target = "incumbent"  # or the geometric mixture of newcomer-before-alignment and incumbent
     mixture_lambda: float = 4.0  # lambda of the mixture target (weight lambda/(1+lambda) on the incumbent)
     divergence: Divergence = "auto"  # "token" needs identical tokenizers; "auto" picks
-    lr: float = 1e-2  # AdamW on the newcomer's LoRA adapter
+    lr: float = 3e-3  # AdamW on the newcomer's LoRA adapter (1e-2 bounced on the chain models)
     max_rounds: int = 30  # rounds of (sample at every probe, monitor, `epochs` passes of minibatches)
     epochs: int = 4  # passes over a round's samples (the newcomer moves little within a round)
     minibatch: int = 64  # probe messages per optimizer step

@@ -54,7 +54,7 @@ def swap(
     ),
     mixture_lambda: float = typer.Option(4.0, help="lambda of the mixture target"),
     divergence: str = typer.Option("auto", help="auto, token (same tokenizer) or text"),
-    lr: float = typer.Option(1e-2, help="AdamW learning rate of the newcomer's LoRA adapter"),
+    lr: float = typer.Option(3e-3, help="AdamW learning rate of the newcomer's LoRA adapter"),
     max_rounds: int = typer.Option(30, help="Stage-0 rounds at most (sample, monitor, one epoch)"),
     extra_stages: int = typer.Option(3, help="TeamTR stages the new run has left to train"),
     seed: int = typer.Option(0, help="seed of Stage-0 sampling and the newcomer's LoRA init"),
