@@ -24,7 +24,7 @@ from typing import Any
 from teamtr.evals.harness import Episode, Runner
 from teamtr.evals.task import TaskFamily, TaskInstance
 from teamtr.graphs.roles import Role
-from teamtr.serving.engine import SamplingParams
+from teamtr.serving.engine import DEFAULT_BASE, SamplingParams
 
 # Short system prompts: the small models read one character per token.
 SYSTEM_PROMPTS = {
@@ -47,6 +47,7 @@ class TeamSpec:
     roles: list[Role]
     adapters: dict[str, Path | None] = field(default_factory=dict)
     source: str = ""
+    bases: dict[str, Path] = field(default_factory=dict)  # further base models (heterogeneous teams)
 
 
 def _import_factory(path: str):
@@ -85,16 +86,18 @@ def load_team_spec(
         raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
     if (path / "config.yaml").is_file():
         from teamtr.training.config import TrainConfig
+        from teamtr.training.trainer import with_bases
         from teamtr.training.warmstart import ensure_warm_model
 
         cfg = TrainConfig.from_yaml(path / "config.yaml")
-        roles = list(_import_factory(cfg.team.roles)())
+        roles = with_bases(list(_import_factory(cfg.team.roles)()), cfg.team.role_bases)
         base = Path(cfg.team.model) if cfg.team.model else ensure_warm_model()
         adapters: dict[str, Path | None] = {}
         for r in roles:
             if r.adapter:
                 adapters[r.adapter] = _latest_version(path / "adapters" / r.name)
-        return TeamSpec(base, roles, adapters, f"run {path}")
+        bases = {name: Path(p) for name, p in cfg.team.bases.items()}
+        return TeamSpec(base, roles, adapters, f"run {path}", bases)
     if (path / "config.json").is_file():
         roles = default_roles(task, n_roles, options)
         return TeamSpec(path, roles, {r.adapter: None for r in roles if r.adapter}, f"model {path}")
@@ -119,11 +122,14 @@ class EngineRunners:
         from teamtr.serving.embedded import EmbeddedEngine
 
         self.spec, self.family, self.seed = spec, family, seed
-        self.engine = EmbeddedEngine(
-            str(spec.base),
-            adapters={k: (str(v) if v else None) for k, v in spec.adapters.items()},
-            threads=threads,
-        )
+        self.engine = EmbeddedEngine({DEFAULT_BASE: spec.base, **spec.bases}, threads=threads)
+        base_of = {r.adapter: r.base_model for r in spec.roles if r.adapter}
+        for name, adapter_dir in spec.adapters.items():  # each role's adapter on its own base model
+            base = base_of.get(name, DEFAULT_BASE)
+            if adapter_dir is None:
+                self.engine.add_adapter(name, base=base)
+            else:
+                self.engine.load_adapter_sync(name, adapter_dir, base=base)
         self.loop = asyncio.new_event_loop()
         self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
         self.calls = 0
