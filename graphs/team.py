@@ -12,6 +12,7 @@ LangChain chat model, e.g. `ChatOpenAI` pointed at a vLLM server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import operator
 import typing
@@ -232,14 +233,10 @@ class Team:
         """`group_size` episodes per task, all in flight at once (the engine batches their turns).
 
         Trajectories come back grouped by task, in task order; seeded runs are reproducible."""
-        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
 
         async def one(i: int, g: int) -> Trajectory:
             ep_seed = None if seed is None else derive_seed(seed, i, g)
-            if gate is None:
-                return await self.arun(
-                    tasks[i], verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins, group_id=tasks[i].id
-                )
             async with gate:
                 return await self.arun(
                     tasks[i], verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins, group_id=tasks[i].id
