@@ -22,6 +22,14 @@ from teamtr.training.certificate import rank_correlation  # noqa: E402
 from teamtr.training.metrics import read_metrics  # noqa: E402
 
 
+def _save(fig, path: Path) -> Path:
+    """Every report figure ends the same way: laid out, written as a PNG, closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _label(run_dir: Path) -> str:
     return run_dir.name
 
@@ -63,10 +71,7 @@ def _return_per_stage(runs: dict, path: Path) -> Path:
     ax.set_title("Team return per stage")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _kl_per_update(runs: dict, path: Path) -> Path:
@@ -92,10 +97,7 @@ def _kl_per_update(runs: dict, path: Path) -> Path:
     ax.set_title("Per-agent KL trust region")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _certificate_vs_improvement(runs: dict, path: Path) -> Path:
@@ -113,10 +115,7 @@ def _certificate_vs_improvement(runs: dict, path: Path) -> Path:
     ax.set_title("Certificate vs realised improvement")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _stale_gap(runs: dict, path: Path) -> Path:
@@ -138,7 +137,4 @@ def _stale_gap(runs: dict, path: Path) -> Path:
     else:
         ax.text(0.5, 0.5, "no stale-gap measurements\n(schedule.diagnose_stale_gap off)", ha="center",
                 va="center", transform=ax.transAxes)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
