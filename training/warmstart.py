@@ -73,6 +73,10 @@ class WarmStartConfig:
     # Single digits by default: two-digit operands (max 20-40) need 3-10x more training than 3 minutes.
     steps: int = 3
     max_operand: int = 9
+    # the message protocol: numbers joined by this in every demonstrated message (the task prompt keeps
+    # "+"). Another separator makes a model that solves the same task but speaks differently to its
+    # teammates (benchmarks/swap_shock.py's newcomer).
+    message_separator: str = "+"
     # optimisation
     lr: float = 2e-3  # AdamW peak learning rate, after a linear warm-up
     warmup_steps: int = 30
@@ -125,6 +129,8 @@ class WarmStartConfig:
         fields = dataclasses.asdict(self)
         for name in ("threads", "adapt_threads"):
             fields.pop(name)
+        if fields["message_separator"] == "+":  # added later: the default keeps the old cache keys
+            fields.pop("message_separator")
         fields["format"] = WARMSTART_FORMAT
         blob = json.dumps(fields, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -197,14 +203,14 @@ class StepExample:
 
 
 def episode_examples(
-    tokenizer: PreTrainedTokenizerFast, roles: list[Role], instance: TaskInstance
+    tokenizer: PreTrainedTokenizerFast, roles: list[Role], instance: TaskInstance, separator: str = "+"
 ) -> list[StepExample]:
     """The demonstration of every step of one task, each on the correct transcript so far."""
     operands = instance.meta["operands"]
     transcript: list[tuple[str, str]] = []
     out = []
     for step, role in enumerate(roles, start=1):
-        message = ChainArithmetic.demonstration(operands, step)
+        message = ChainArithmetic.demonstration(operands, step, separator)
         prompt_ids = render_prompt_ids(tokenizer, role_messages(role, instance.prompt, transcript))
         completion_ids = tokenizer(message + MESSAGE_END, add_special_tokens=False)["input_ids"]
         out.append(StepExample(role.name, prompt_ids, completion_ids))
@@ -254,7 +260,11 @@ def training_batches(
     b = 0
     while True:
         instances = task.generate(cfg.batch_size, seed=f"train-{cfg.seed}-{b}")
-        sequences = [s for inst in instances for s in pack_episode(episode_examples(tokenizer, roles, inst))]
+        sequences = [
+            s
+            for inst in instances
+            for s in pack_episode(episode_examples(tokenizer, roles, inst, cfg.message_separator))
+        ]
         yield collate(sequences, tokenizer.pad_token_id)
         b += 1
 
@@ -363,6 +373,7 @@ def evaluate_team(
     roles: list[Role],
     instances: list[TaskInstance],
     temperature: float = 0.0,
+    separator: str = "+",
 ) -> tuple[TeamEval, list[float]]:
     """Team accuracy and per-role accuracy (given correct input) of the chain; also each episode's reward."""
     transcripts = team_rollouts(model, tokenizer, roles, instances, temperature)
@@ -370,7 +381,7 @@ def evaluate_team(
     for inst, tr in zip(instances, transcripts, strict=True):
         for k, (_, msg) in enumerate(tr):  # count role k only while every earlier message was right
             step_inputs[k] += 1
-            if msg != ChainArithmetic.demonstration(inst.meta["operands"], k + 1):
+            if msg != ChainArithmetic.demonstration(inst.meta["operands"], k + 1, separator):
                 break
             step_right[k] += 1
     rewards = [task.verify(inst, tr[-1][1]) for inst, tr in zip(instances, transcripts, strict=True)]
@@ -390,10 +401,11 @@ def sampled_eval(
     roles: list[Role],
     instances: list[TaskInstance],
     k: int,
+    separator: str = "+",
 ) -> tuple[TeamEval, float]:
     """Temperature-1 team accuracy over k episodes per task, and pass@k (any of the k episodes right)."""
     repeated = [inst for inst in instances for _ in range(k)]
-    team, rewards = evaluate_team(model, tokenizer, task, roles, repeated, temperature=1.0)
+    team, rewards = evaluate_team(model, tokenizer, task, roles, repeated, 1.0, separator)
     solved = [max(rewards[i * k : (i + 1) * k]) for i in range(len(instances))]
     return team, sum(solved) / len(solved)
 
@@ -512,7 +524,7 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
             if step % eval_every:
                 continue
 
-            team, _ = evaluate_team(model, tokenizer, task, roles, eval_set)
+            team, _ = evaluate_team(model, tokenizer, task, roles, eval_set, 0.0, cfg.message_separator)
             elapsed = time.perf_counter() - start
             row = {"step": step, "seconds": round(elapsed, 2), "loss": round(loss.item(), 4),
                    "team_accuracy": team.team_accuracy, "step_accuracy": team.step_accuracy,
@@ -548,10 +560,16 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
             stopped_because += f"; kept the best evaluated checkpoint (step {best[1]}, {best[0]:.0%})"
         model.eval()
         final_set = task.generate(cfg.final_eval_tasks, seed=f"warmstart-final-{cfg.seed}")
-        greedy, _ = evaluate_team(model, tokenizer, task, roles, final_set)
+        greedy, _ = evaluate_team(model, tokenizer, task, roles, final_set, 0.0, cfg.message_separator)
         torch.manual_seed(cfg.seed)
         sampled, pass_at_k = sampled_eval(
-            model, tokenizer, task, roles, final_set[: cfg.sampled_eval_tasks], cfg.samples_per_task
+            model,
+            tokenizer,
+            task,
+            roles,
+            final_set[: cfg.sampled_eval_tasks],
+            cfg.samples_per_task,
+            cfg.message_separator,
         )
 
     save_model(model, tokenizer, out_dir)

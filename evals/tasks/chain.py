@@ -46,9 +46,13 @@ class ChainArithmetic:
         return out
 
     @staticmethod
-    def demonstration(operands: list[int], step: int) -> str:
-        """The correct message of the role that performs addition number `step` (1-based)."""
-        return "+".join(map(str, [sum(operands[: step + 1]), *operands[step + 1 :]]))
+    def demonstration(operands: list[int], step: int, separator: str = "+") -> str:
+        """The correct message of the role that performs addition number `step` (1-based).
+
+        `separator` joins the numbers of a message (`"+"`: `19+5`); another one (`" + "`: `19 + 5`) is a
+        different message protocol for the same task, which the final answer (one integer) does not see.
+        """
+        return separator.join(map(str, [sum(operands[: step + 1]), *operands[step + 1 :]]))
 
     def extract_answer(self, response: str) -> str | None:
         """The final message must be one integer: the fully reduced sum."""
