@@ -348,12 +348,14 @@ def team_rollouts(
     roles: list[Role],
     instances: list[TaskInstance],
     temperature: float = 0.0,
+    separator: str = "+",
 ) -> list[list[tuple[str, str]]]:
     """The whole chain on every instance, one batched generate per role; returns each transcript."""
     was_training = model.training
     model.eval()
     transcripts: list[list[tuple[str, str]]] = [[] for _ in instances]
-    max_new = max(len(inst.prompt) for inst in instances) + 1  # a message is never longer than the task
+    # a message is never longer than the task written with the message protocol's separator
+    max_new = max(len(inst.prompt.replace("+", separator)) for inst in instances) + 1
     for role in roles:
         prompts = [
             render_prompt_ids(tokenizer, role_messages(role, inst.prompt, tr))
@@ -376,7 +378,7 @@ def evaluate_team(
     separator: str = "+",
 ) -> tuple[TeamEval, list[float]]:
     """Team accuracy and per-role accuracy (given correct input) of the chain; also each episode's reward."""
-    transcripts = team_rollouts(model, tokenizer, roles, instances, temperature)
+    transcripts = team_rollouts(model, tokenizer, roles, instances, temperature, separator)
     step_right, step_inputs = [0] * len(roles), [0] * len(roles)
     for inst, tr in zip(instances, transcripts, strict=True):
         for k, (_, msg) in enumerate(tr):  # count role k only while every earlier message was right
