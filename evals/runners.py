@@ -1,7 +1,8 @@
 """Runners that answer task instances with a real team or one model (LangGraph team + embedded engine).
 
 `TEAM_OR_RUN_DIR` may be:
-- `warm`: the cached warm-started demo model (built on first use);
+- `warm`: the cached warm-started model of the task's family (built on first use; see
+  training/warmstart.py; a real benchmark uses the chain demo model);
 - a model directory (`config.json`, loaded with `from_pretrained`): every role speaks with that model;
 - a TeamTR run directory (`config.yaml` written by `teamtr train`): its roles factory, its base model and
   the newest version of each role's adapter under `adapters/<role>/v<N>/`.
@@ -71,14 +72,24 @@ def default_roles(task: str, n_roles: int, options: dict[str, Any] | None = None
     return [Role(name=f"solver{i}", system_prompt=prompt, adapter=None) for i in range(1, n_roles + 1)]
 
 
+def with_private_view(role: Role, family: TaskFamily, instance: TaskInstance, index: int) -> Role:
+    """Role `index` (0-based) as it acts on `instance`: for a split-information family (one with
+    `role_view`), its private facts are appended to its system prompt. The warm start renders its
+    training contexts through this same function."""
+    role_view = getattr(family, "role_view", None)
+    if role_view is None:
+        return role
+    return replace(role, system_prompt=f"{role.system_prompt}\n{role_view(instance, index)}".strip())
+
+
 def load_team_spec(
     team_or_run_dir: str, task: str, n_roles: int = 3, options: dict | None = None
 ) -> TeamSpec:
     """Resolve `warm`, a model directory or a run directory into a TeamSpec (clear errors otherwise)."""
     if team_or_run_dir == "warm":
-        from teamtr.training.warmstart import ensure_warm_model
+        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
-        base = ensure_warm_model()
+        base = ensure_warm_model(warm_config_for(task))  # this family's warm model (chain's for benchmarks)
         roles = default_roles(task, n_roles, options)
         return TeamSpec(base, roles, {r.adapter: None for r in roles if r.adapter}, "warm")
     path = Path(team_or_run_dir)
@@ -87,11 +98,11 @@ def load_team_spec(
     if (path / "config.yaml").is_file():
         from teamtr.training.config import TrainConfig
         from teamtr.training.trainer import with_bases
-        from teamtr.training.warmstart import ensure_warm_model
+        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
         cfg = TrainConfig.from_yaml(path / "config.yaml")
         roles = with_bases(list(_import_factory(cfg.team.roles)()), cfg.team.role_bases)
-        base = Path(cfg.team.model) if cfg.team.model else ensure_warm_model()
+        base = Path(cfg.team.model) if cfg.team.model else ensure_warm_model(warm_config_for(cfg.task.name))
         adapters: dict[str, Path | None] = {}
         for r in roles:
             if r.adapter:
@@ -138,14 +149,10 @@ class EngineRunners:
         self.loop.close()
 
     def _roles_for(self, instance: TaskInstance) -> list[Role]:
-        role_view = getattr(self.family, "role_view", None)
         roles = []
         for i, r in enumerate(self.spec.roles):
             sampling = replace(self.sampling, stop=r.sampling.stop or (MESSAGE_END,))
-            prompt = r.system_prompt
-            if role_view is not None:  # split information: role i's private facts
-                prompt = f"{prompt}\n{role_view(instance, i)}".strip()
-            roles.append(replace(r, system_prompt=prompt, sampling=sampling))
+            roles.append(replace(with_private_view(r, self.family, instance, i), sampling=sampling))
         return roles
 
     def _episodes(self, teams_and_tasks: list[tuple[Any, TaskInstance]], samples: int) -> list[list[Episode]]:

@@ -1,15 +1,24 @@
-"""The small warm-started model of the demo task, built here (no model hub) and cached.
+"""The small warm-started model of each task family, built here (no model hub) and cached.
 
 `build_warm_model` makes the character tokenizer and a tiny LlamaForCausalLM, trains it by supervised
-learning on demonstrations of every step of the chain task (loss on the message tokens only), and saves
+learning on demonstrations of every role's message (loss on the message tokens only), and saves
 it with `save_pretrained` as soon as held-out TEAM accuracy (greedy, the whole chain, each role acting
 on the messages the model itself wrote) enters a target band: partial competence, so RL has room.
 The jump from ~0% to ~90% is sudden, so it evaluates often, snapshots the weights at every evaluation,
 and rolls back and evaluates more finely when one evaluation jumps over the band.
 
+The team trained and evaluated is the team `teamtr eval` runs for that family (see `WarmTeam`):
+- `chain`: the demo's adders; role k writes the running sum after addition k (`10+9+5`, `19+5`, `24`);
+- `split`: generic solvers, role i sees its private table; role i writes its own lookup of the symbol
+  the previous role wrote (the hand-off), the last role's lookup is the answer;
+- every other family: generic solvers with the family's short system prompt (evals/runners.py); every
+  role writes the family's reference answer (`family.demonstration`) on the correct transcript so far,
+  so role 1 solves the task and the later roles learn to check / pass on the answer.
+
 Training contexts are rendered with the very function rollouts use
-(`render_prompt_ids(tokenizer, role_messages(role, task, transcript))`), so there is no drift between
-the ids a role is trained on and the ids it acts on.
+(`render_prompt_ids(tokenizer, role_messages(role, task, transcript))`, the role's private view added
+by `evals.runners.with_private_view`), so there is no drift between the ids a role is trained on and
+the ids it acts on. The team is scored with the family's own verifier.
 
 `ensure_warm_model` caches the result in the user's cache directory, keyed by a hash of the config.
 The saved folder loads with the plain `AutoModelForCausalLM.from_pretrained(path)` /
@@ -39,7 +48,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from teamtr.evals.task import TaskInstance
+from teamtr.evals.task import TaskFamily, TaskInstance
+from teamtr.evals.tasks import get_task, task_names
 from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.chat_format import render_prompt_ids
@@ -58,7 +68,8 @@ IGNORE_INDEX = -100
 
 @dataclass
 class WarmStartConfig:
-    """How the demo model is built.
+    """How a warm-started model is built (the defaults: the chain demo model; `warm_config_for(task)`
+    gives each family's tuned settings).
 
     Measured with the defaults on this 2-core machine while other jobs kept it busy (load average 6-8,
     so 1 thread): seeds 0/1/2 entered the band after 320/280/320 steps, 104-121 s for the whole build,
@@ -71,12 +82,17 @@ class WarmStartConfig:
     heads: int = 4
     # task: the chain task's knobs (steps = roles in the team; operands drawn from 1..max_operand).
     # Single digits by default: two-digit operands (max 20-40) need 3-10x more training than 3 minutes.
+    # For the other families `steps` is the number of roles too; `max_operand` is chain's only.
     steps: int = 3
     max_operand: int = 9
     # the message protocol: numbers joined by this in every demonstrated message (the task prompt keeps
     # "+"). Another separator makes a model that solves the same task but speaks differently to its
     # teammates (benchmarks/swap_shock.py's newcomer).
     message_separator: str = "+"
+    # the task family (a name in teamtr.evals.tasks) and its constructor knobs (chain: use steps and
+    # max_operand above; task_options must stay empty)
+    task: str = "chain"
+    task_options: dict = field(default_factory=dict)
     # optimisation
     lr: float = 2e-3  # AdamW peak learning rate, after a linear warm-up
     warmup_steps: int = 30
@@ -123,17 +139,44 @@ class WarmStartConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not 0 <= self.eval_reserve_seconds < self.max_seconds:
             raise ValueError("need 0 <= eval_reserve_seconds < max_seconds")
+        if self.task not in task_names():
+            raise ValueError(f"unknown task {self.task!r}; known: {', '.join(task_names())}")
+        if self.task == "chain" and self.task_options:
+            raise ValueError("chain: set steps / max_operand, not task_options")
 
     def cache_key(self) -> str:
         """Hash of everything that shapes the model (not the thread count)."""
         fields = dataclasses.asdict(self)
         for name in ("threads", "adapt_threads"):
             fields.pop(name)
-        if fields["message_separator"] == "+":  # added later: the default keeps the old cache keys
-            fields.pop("message_separator")
+        # fields added later are left out at their defaults, so the old cache keys stay valid
+        for name, default in (("message_separator", "+"), ("task", "chain"), ("task_options", {})):
+            if fields[name] == default:
+                fields.pop(name)
         fields["format"] = WARMSTART_FORMAT
         blob = json.dumps(fields, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# Each family's warm-start settings (see docs/evals.md, "Headroom"): the family's own default
+# difficulty; what differs from WarmStartConfig's defaults is only what that family needed to land its
+# greedy team accuracy in the band within a few minutes on one thread.
+FAMILY_SETTINGS: dict[str, dict] = {
+    "countdown": dict(max_seconds=240.0),
+    "zebra": dict(max_seconds=240.0),
+    "autologi": dict(max_seconds=240.0),
+    "blocksworld": dict(max_seconds=240.0),
+    "arbench": dict(max_seconds=240.0),
+    "split": dict(max_seconds=240.0),
+}
+
+
+def warm_config_for(task: str, **overrides) -> WarmStartConfig:
+    """The warm-start config of a task family: `WarmStartConfig()` itself for `chain` (the demo model,
+    cache key unchanged) and for names without a warm start (real benchmarks); else FAMILY_SETTINGS."""
+    if task == "chain" or task not in FAMILY_SETTINGS:
+        return WarmStartConfig(**overrides)
+    return WarmStartConfig(task=task, **{**FAMILY_SETTINGS[task], **overrides})
 
 
 @dataclass
@@ -190,6 +233,80 @@ class WarmStartReport:
 
 
 # ----------------------------------------------------------------------------------------------------
+# The team: its roles on an instance, what each role is demonstrated to write, and when a message is right
+
+
+class WarmTeam:
+    """The generic team of `teamtr eval` for a family: role i (0-based) acts with
+    `with_private_view(role_i, family, instance, i)` and is demonstrated `family.demonstration(instance, i)`
+    (the family's reference answer, or for `split` its own lookup)."""
+
+    def __init__(self, family: TaskFamily, roles: list[Role]) -> None:
+        if not hasattr(family, "demonstration"):
+            raise ValueError(
+                f"task {family.name!r} has no demonstration(instance, role_index): no warm start"
+            )
+        self.family, self.roles = family, roles
+
+    def roles_for(self, instance: TaskInstance) -> list[Role]:
+        from teamtr.evals.runners import with_private_view
+
+        return [with_private_view(r, self.family, instance, i) for i, r in enumerate(self.roles)]
+
+    def demonstration(self, instance: TaskInstance, index: int) -> str:
+        return self.family.demonstration(instance, index)
+
+    def message_ok(self, instance: TaskInstance, index: int, message: str) -> bool:
+        """The demonstrated message, or, where that message is itself a full answer, any answer the
+        verifier accepts (another valid plan, arrangement or expression)."""
+        demo = self.demonstration(instance, index)
+        if message == demo:
+            return True
+        return self.family.verify(instance, demo) == 1.0 and self.family.verify(instance, message) == 1.0
+
+    def max_new_tokens(self, instances: list[TaskInstance]) -> int:
+        """Room for the longest demonstrated message and a little more (a wrong answer may be longer)."""
+        longest = max(len(self.demonstration(i, k)) for i in instances for k in range(len(self.roles)))
+        return longest + 8
+
+
+class ChainTeam(WarmTeam):
+    """The chain demo's adders: role k writes the running sum after addition k+1 (joined by `separator`)."""
+
+    def __init__(self, family: ChainArithmetic, roles: list[Role], separator: str = "+") -> None:
+        self.family, self.roles, self.separator = family, roles, separator
+
+    def demonstration(self, instance: TaskInstance, index: int) -> str:
+        return ChainArithmetic.demonstration(instance.meta["operands"], index + 1, self.separator)
+
+    def message_ok(self, instance: TaskInstance, index: int, message: str) -> bool:
+        return message == self.demonstration(instance, index)
+
+    def max_new_tokens(self, instances: list[TaskInstance]) -> int:
+        # a message is never longer than the task written with the message protocol's separator
+        return max(len(inst.prompt.replace("+", self.separator)) for inst in instances) + 1
+
+
+def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
+    """The task family and the team that `cfg` trains (the team `teamtr eval` runs for that family)."""
+    if cfg.task == "chain":
+        family = ChainArithmetic(steps=cfg.steps, max_operand=cfg.max_operand)
+        return family, ChainTeam(family, chain_roles(cfg.steps), cfg.message_separator)
+    from teamtr.evals.runners import default_roles
+
+    family = get_task(cfg.task, **cfg.task_options)
+    return family, WarmTeam(family, default_roles(cfg.task, cfg.steps))
+
+
+def _as_team(task: TaskFamily | None, team: WarmTeam | list[Role], separator: str) -> WarmTeam:
+    """A list of roles means the chain's adders (the original signature of these functions)."""
+    if isinstance(team, WarmTeam):
+        return team
+    chain = task if isinstance(task, ChainArithmetic) else ChainArithmetic(steps=len(team))
+    return ChainTeam(chain, team, separator)
+
+
+# ----------------------------------------------------------------------------------------------------
 # Supervised data: one episode = every step's (context, demonstration) pair
 
 
@@ -203,14 +320,19 @@ class StepExample:
 
 
 def episode_examples(
-    tokenizer: PreTrainedTokenizerFast, roles: list[Role], instance: TaskInstance, separator: str = "+"
+    tokenizer: PreTrainedTokenizerFast,
+    team: WarmTeam | list[Role],
+    instance: TaskInstance,
+    separator: str = "+",
 ) -> list[StepExample]:
-    """The demonstration of every step of one task, each on the correct transcript so far."""
-    operands = instance.meta["operands"]
+    """The demonstration of every step of one task, each on the correct transcript so far.
+
+    `team`: a WarmTeam, or a list of roles meaning the chain task's adders."""
+    team = _as_team(None, team, separator)
     transcript: list[tuple[str, str]] = []
     out = []
-    for step, role in enumerate(roles, start=1):
-        message = ChainArithmetic.demonstration(operands, step, separator)
+    for index, role in enumerate(team.roles_for(instance)):
+        message = team.demonstration(instance, index)
         prompt_ids = render_prompt_ids(tokenizer, role_messages(role, instance.prompt, transcript))
         completion_ids = tokenizer(message + MESSAGE_END, add_special_tokens=False)["input_ids"]
         out.append(StepExample(role.name, prompt_ids, completion_ids))
@@ -254,17 +376,17 @@ def collate(sequences: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
 
 
 def training_batches(
-    tokenizer: PreTrainedTokenizerFast, task: ChainArithmetic, roles: list[Role], cfg: WarmStartConfig
+    tokenizer: PreTrainedTokenizerFast,
+    task: TaskFamily,
+    team: WarmTeam | list[Role],
+    cfg: WarmStartConfig,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Fresh demonstrations every step (batch b uses task seed `train-b`): there is no epoch to overfit."""
+    team = _as_team(task, team, cfg.message_separator)
     b = 0
     while True:
         instances = task.generate(cfg.batch_size, seed=f"train-{cfg.seed}-{b}")
-        sequences = [
-            s
-            for inst in instances
-            for s in pack_episode(episode_examples(tokenizer, roles, inst, cfg.message_separator))
-        ]
+        sequences = [s for inst in instances for s in pack_episode(episode_examples(tokenizer, team, inst))]
         yield collate(sequences, tokenizer.pad_token_id)
         b += 1
 
@@ -345,25 +467,28 @@ def generate_messages(
 def team_rollouts(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
-    roles: list[Role],
+    team: WarmTeam | list[Role],
     instances: list[TaskInstance],
     temperature: float = 0.0,
     separator: str = "+",
 ) -> list[list[tuple[str, str]]]:
-    """The whole chain on every instance, one batched generate per role; returns each transcript."""
+    """The whole team on every instance, one batched generate per role; returns each transcript.
+
+    `team`: a WarmTeam, or a list of roles meaning the chain task's adders."""
+    team = _as_team(None, team, separator)
     was_training = model.training
     model.eval()
     transcripts: list[list[tuple[str, str]]] = [[] for _ in instances]
-    # a message is never longer than the task written with the message protocol's separator
-    max_new = max(len(inst.prompt.replace("+", separator)) for inst in instances) + 1
-    for role in roles:
+    max_new = team.max_new_tokens(instances)
+    roles_of = [team.roles_for(inst) for inst in instances]  # split: each role with its private table
+    for index in range(len(team.roles)):
         prompts = [
-            render_prompt_ids(tokenizer, role_messages(role, inst.prompt, tr))
-            for inst, tr in zip(instances, transcripts, strict=True)
+            render_prompt_ids(tokenizer, role_messages(roles[index], inst.prompt, tr))
+            for inst, roles, tr in zip(instances, roles_of, transcripts, strict=True)
         ]
         messages = generate_messages(model, tokenizer, prompts, temperature, max_new)
-        for tr, msg in zip(transcripts, messages, strict=True):
-            tr.append((role.name, msg))
+        for roles, tr, msg in zip(roles_of, transcripts, messages, strict=True):
+            tr.append((roles[index].name, msg))
     model.train(was_training)
     return transcripts
 
@@ -371,19 +496,22 @@ def team_rollouts(
 def evaluate_team(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
-    task: ChainArithmetic,
-    roles: list[Role],
+    task: TaskFamily,
+    team: WarmTeam | list[Role],
     instances: list[TaskInstance],
     temperature: float = 0.0,
     separator: str = "+",
 ) -> tuple[TeamEval, list[float]]:
-    """Team accuracy and per-role accuracy (given correct input) of the chain; also each episode's reward."""
-    transcripts = team_rollouts(model, tokenizer, roles, instances, temperature, separator)
+    """Team accuracy (the family's verifier on the final message) and per-role accuracy (given correct
+    input); also each episode's reward. `team`: a WarmTeam, or a list of roles meaning chain's adders."""
+    team = _as_team(task, team, separator)
+    roles = team.roles
+    transcripts = team_rollouts(model, tokenizer, team, instances, temperature)
     step_right, step_inputs = [0] * len(roles), [0] * len(roles)
     for inst, tr in zip(instances, transcripts, strict=True):
         for k, (_, msg) in enumerate(tr):  # count role k only while every earlier message was right
             step_inputs[k] += 1
-            if msg != ChainArithmetic.demonstration(inst.meta["operands"], k + 1, separator):
+            if not team.message_ok(inst, k, msg):
                 break
             step_right[k] += 1
     rewards = [task.verify(inst, tr[-1][1]) for inst, tr in zip(instances, transcripts, strict=True)]
@@ -399,15 +527,15 @@ def evaluate_team(
 def sampled_eval(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerFast,
-    task: ChainArithmetic,
-    roles: list[Role],
+    task: TaskFamily,
+    team: WarmTeam | list[Role],
     instances: list[TaskInstance],
     k: int,
     separator: str = "+",
 ) -> tuple[TeamEval, float]:
     """Temperature-1 team accuracy over k episodes per task, and pass@k (any of the k episodes right)."""
     repeated = [inst for inst in instances for _ in range(k)]
-    team, rewards = evaluate_team(model, tokenizer, task, roles, repeated, 1.0, separator)
+    team, rewards = evaluate_team(model, tokenizer, task, team, repeated, 1.0, separator)
     solved = [max(rewards[i * k : (i + 1) * k]) for i in range(len(instances))]
     return team, sum(solved) / len(solved)
 
@@ -474,8 +602,7 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
     start = time.perf_counter()
     random.seed(cfg.seed)
     tokenizer = build_char_tokenizer()
-    task = ChainArithmetic(steps=cfg.steps, max_operand=cfg.max_operand)
-    roles = chain_roles(cfg.steps)
+    task, roles = warm_team(cfg)  # `roles`: the WarmTeam (the chain's adders by default)
     model = new_model(tokenizer, cfg.hidden, cfg.layers, cfg.heads, cfg.seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -639,7 +766,7 @@ def _plot_history(report: WarmStartReport, png: Path) -> None:
     ax.set_xlabel("seconds since build start")
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(0, 1)
-    ax.set_title("warm start of the demo model (supervised, chain task)")
+    ax.set_title(f"warm start (supervised, {report.config.get('task', 'chain')} task)")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
@@ -681,7 +808,7 @@ def ensure_warm_model(cfg: WarmStartConfig | None = None, progress: bool = True)
     """
     cfg = cfg or WarmStartConfig()
     root = cache_root() / "models"
-    final = root / f"chain-warm-{cfg.cache_key()}"
+    final = root / f"{cfg.task}-warm-{cfg.cache_key()}"
     if is_complete(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -711,12 +838,24 @@ def _rewrite_report(report: WarmStartReport, out_dir: Path) -> None:
     tmp.replace(out_dir / REPORT_FILE)
 
 
-def main() -> None:  # `python -m teamtr.training.warmstart [seed]`: build into ./runs and print the report
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    """`python -m teamtr.training.warmstart [SEED] [--task T] [--out DIR | --cache]`: build (into DIR,
+    default runs/warmstart-[T-]seedSEED, or into the model cache) with a progress bar; print the report."""
+    import argparse
 
+    parser = argparse.ArgumentParser(prog="python -m teamtr.training.warmstart", description=main.__doc__)
+    parser.add_argument("seed", nargs="?", type=int, default=0)
+    parser.add_argument("--task", default="chain", choices=task_names())
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--cache", action="store_true", help="build into the model cache (reused later)")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    cfg = WarmStartConfig(seed=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-    report = build_warm_model(cfg, Path("runs") / f"warmstart-seed{cfg.seed}")
+    cfg = warm_config_for(args.task, seed=args.seed)
+    if args.cache:
+        report = load_report(ensure_warm_model(cfg))
+    else:
+        name = f"warmstart-seed{cfg.seed}" if cfg.task == "chain" else f"warmstart-{cfg.task}-seed{cfg.seed}"
+        report = build_warm_model(cfg, args.out or Path("runs") / name)
     print(report.summary())
     print(json.dumps({k: v for k, v in report.as_dict().items() if k not in ("history", "files")}, indent=1))
 

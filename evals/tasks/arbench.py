@@ -96,6 +96,11 @@ class Arbench:
             return f"ask {digits} different digits from 0-{instance.meta['pool'] - 1}"
         return feedback(instance.answer, valid[-1])
 
+    @staticmethod
+    def demonstration(instance: TaskInstance, role_index: int) -> str:
+        """Warm-start data: every role of a generic team writes the secret code (the verifier accepts it)."""
+        return str(instance.answer)
+
     def extract_answer(self, response: str) -> str | None:
         line = last_line(response)
         return line if line and line.isdigit() else None

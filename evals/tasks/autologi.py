@@ -111,6 +111,11 @@ class Autologi:
             )
         return out
 
+    @staticmethod
+    def demonstration(instance: TaskInstance, role_index: int) -> str:
+        """Warm-start data: every role of a generic team writes the hidden arrangement (the verifier accepts it)."""
+        return str(instance.answer)
+
     def extract_answer(self, response: str) -> str | None:
         line = last_line(response)
         return line if line and _ASSIGNMENT.search(line) else None

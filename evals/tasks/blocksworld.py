@@ -170,6 +170,11 @@ class Blocksworld:
             )
         return out
 
+    @staticmethod
+    def demonstration(instance: TaskInstance, role_index: int) -> str:
+        """Warm-start data: every role of a generic team writes the optimal reference plan (the verifier accepts it)."""
+        return str(instance.answer)
+
     def extract_answer(self, response: str) -> str | None:
         return last_line(response)
 

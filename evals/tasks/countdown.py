@@ -102,6 +102,11 @@ class Countdown:
             )
         return out
 
+    @staticmethod
+    def demonstration(instance: TaskInstance, role_index: int) -> str:
+        """Warm-start data: every role of a generic team writes the reference expression, without spaces (the verifier accepts it)."""
+        return str(instance.meta["reference"]).replace(" ", "")
+
     def extract_answer(self, response: str) -> str | None:
         """The last line, as an expression; a trailing `=target` is tolerated and dropped."""
         line = last_line(response)

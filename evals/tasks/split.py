@@ -92,6 +92,7 @@ class Split:
 
     @staticmethod
     def demonstration(instance: TaskInstance, role_index: int) -> str:
+        """Role i's correct message: its own lookup of the symbol the previous role wrote."""
         return instance.meta["path"][role_index + 1]
 
     def extract_answer(self, response: str) -> str | None:

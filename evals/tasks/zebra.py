@@ -115,6 +115,11 @@ class Zebra:
             )
         return out
 
+    @staticmethod
+    def demonstration(instance: TaskInstance, role_index: int) -> str:
+        """Warm-start data: every role of a generic team writes the value asked for (the verifier accepts it)."""
+        return str(instance.answer)
+
     def extract_answer(self, response: str) -> str | None:
         line = last_line(response)
         return line.lower().rstrip(".") if line else None
