@@ -12,6 +12,8 @@ from rich.console import Console
 
 app = typer.Typer()
 
+# per-message token allowance by family: a 3-block plan is up to ~70 characters (one token each)
+MAX_NEW_TOKENS = {"blocksworld": 96}
 DEFAULT_SEED = 2_000_003  # the held-out seed of training's TaskConfig: eval prompts are never train prompts
 
 
@@ -71,7 +73,9 @@ def eval_command(
         typer.Option(min=1, help="baseline's turns (default: one per team role; 1 = one long message)"),
     ] = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="per message")] = 32,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(min=1, help="per message (default: 96 for blocksworld's plans, else 32)")
+    ] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="instances per engine batch")] = 16,
     threads: Annotated[int, typer.Option(min=1, help="torch threads")] = 1,
     benchmarks_dir: Annotated[
@@ -112,6 +116,7 @@ def eval_command(
         known = ", ".join(task_names() + benchmark_names())
         raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
     knobs = _parse_knobs(difficulty or [])
+    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
     spec = None
     if team_or_run_dir is not None:  # check the team before spending time on instances
         from teamtr.evals.runners import load_team_spec
@@ -147,3 +152,30 @@ def eval_command(
     console.print(
         f"wrote {out_dir / 'result.json'}, {out_dir / 'episodes.jsonl'}, {', '.join(p.name for p in plots)}"
     )
+
+
+@app.command("warmstart")
+def warmstart_command(
+    task: Annotated[str, typer.Option("--task", "-t", help="task family")] = "chain",
+    seed: Annotated[int, typer.Option(help="build seed (a different seed is a different cached model)")] = 0,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads while building")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON only")] = False,
+) -> None:
+    """Build (or reuse) the cached warm-started model of a task family and print its report."""
+    from teamtr.evals.tasks import task_names
+    from teamtr.training.warmstart import ensure_warm_model, load_report, warm_config_for
+
+    if task not in task_names():
+        raise typer.BadParameter(
+            f"unknown task {task!r}; known: {', '.join(task_names())}", param_hint="--task"
+        )
+    cfg = warm_config_for(task, seed=seed, threads=threads, adapt_threads=False)
+    path = ensure_warm_model(cfg, progress=not as_json)
+    report = load_report(path)
+    summary = {k: v for k, v in report.as_dict().items() if k not in ("history", "files")}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    console = Console()
+    console.print(report.summary())
+    console.print(f"model: {path}")

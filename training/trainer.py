@@ -548,9 +548,9 @@ class Trainer:
     def model_path(self) -> str:
         if self.cfg.team.model:
             return self.cfg.team.model
-        from teamtr.training.warmstart import ensure_warm_model
+        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
-        return str(ensure_warm_model(progress=False))
+        return str(ensure_warm_model(warm_config_for(self.cfg.task.name), progress=False))  # the task's own
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg

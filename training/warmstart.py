@@ -143,6 +143,10 @@ class WarmStartConfig:
             raise ValueError(f"unknown task {self.task!r}; known: {', '.join(task_names())}")
         if self.task == "chain" and self.task_options:
             raise ValueError("chain: set steps / max_operand, not task_options")
+        try:  # a misspelt knob is an error now, not minutes into a build
+            get_task(self.task, **self.task_options)
+        except TypeError as e:
+            raise ValueError(f"{self.task}: bad task_options {self.task_options}: {e}") from None
 
     def cache_key(self) -> str:
         """Hash of everything that shapes the model (not the thread count)."""
@@ -848,9 +852,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", default="chain", choices=task_names())
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--cache", action="store_true", help="build into the model cache (reused later)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the config's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    cfg = warm_config_for(args.task, seed=args.seed)
+    threads = {} if args.threads is None else {"threads": args.threads, "adapt_threads": False}
+    cfg = warm_config_for(args.task, seed=args.seed, **threads)
     if args.cache:
         report = load_report(ensure_warm_model(cfg))
     else:
