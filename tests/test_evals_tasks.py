@@ -52,7 +52,7 @@ def test_generators_are_deterministic_per_seed_and_answers_verify(name):
         ("zebra", {"houses": 2, "attributes": 2}),
         ("autologi", {"items": 2}),
         ("blocksworld", {"blocks": 2}),
-        ("arbench", {"digits": 1, "pool": 3}),
+        ("arbench", {"digits": 1, "pool": 2}),
         ("split", {"hops": 1, "size": 2}),
     ],
 )

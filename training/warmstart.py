@@ -167,8 +167,10 @@ class WarmStartConfig:
 # greedy team accuracy in the band within a few minutes on one thread.
 FAMILY_SETTINGS: dict[str, dict] = {
     "countdown": dict(max_seconds=240.0),
-    "zebra": dict(max_seconds=240.0),
-    "autologi": dict(max_seconds=240.0),
+    # a well-formed guess is right 1/3 of the time (one of 3 values; 1-2 of 6 arrangements): stop
+    # well above that, where the model has learnt something
+    "zebra": dict(max_seconds=240.0, stop_accuracy=0.5, band=(0.4, 0.75)),
+    "autologi": dict(max_seconds=240.0, stop_accuracy=0.5, band=(0.4, 0.75)),
     "blocksworld": dict(max_seconds=240.0),
     "arbench": dict(max_seconds=240.0),
     "split": dict(max_seconds=240.0),

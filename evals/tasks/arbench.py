@@ -27,11 +27,12 @@ from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded
 
 @dataclass(frozen=True)
 class ArbenchDifficulty:
-    """Defaults: 3 digits from 0-4, hints until the code is unique. digits=1..2, pool=3 is very easy;
-    AR-Bench GN is digits=4, pool=10, hints=0 with 25 questions."""
+    """Defaults: 2 digits from 0-3 (12 codes), hints until the code is unique: a tiny model learns part
+    of it in minutes (3 of 0-4 stayed at chance, 1/60). digits=1, pool=2 is very easy; AR-Bench GN
+    is digits=4, pool=10, hints=0 with 25 questions."""
 
-    digits: int = 3
-    pool: int = 5
+    digits: int = 2
+    pool: int = 4
     hints: int | str = "unique"  # "unique" or a number of hint guesses (0 = interactive only)
 
     def __post_init__(self) -> None:

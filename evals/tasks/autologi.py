@@ -59,8 +59,22 @@ def render(constraint: list) -> str:
     return {"<": f"{x}<{y}", "+1": f"{x}={y}+1", "~": f"{x}~{y}", "=k": f"{x}={y}", "!=k": f"{x}!={y}"}[op]
 
 
+def solutions(items: list[str], constraints: list[list]) -> list[dict[str, int]]:
+    """Every arrangement satisfying all constraints (python-constraint2)."""
+    return list(_problem(items, constraints).getSolutionIter())
+
+
 def count_solutions(items: list[str], constraints: list[list], limit: int = 10**6) -> int:
     """How many arrangements satisfy all constraints (python-constraint2), stopping at `limit`."""
+    count = 0
+    for _ in _problem(items, constraints).getSolutionIter():
+        count += 1
+        if count >= limit:
+            break
+    return count
+
+
+def _problem(items: list[str], constraints: list[list]):
     from constraint import AllDifferentConstraint, Problem
 
     problem = Problem()
@@ -69,12 +83,7 @@ def count_solutions(items: list[str], constraints: list[list], limit: int = 10**
     for c in constraints:
         names = [c[1], c[2]] if c[0] in ("<", "+1", "~") else [c[1]]
         problem.addConstraint(lambda *v, c=c, names=names: holds(c, dict(zip(names, v, strict=True))), names)
-    count = 0
-    for _ in problem.getSolutionIter():
-        count += 1
-        if count >= limit:
-            break
-    return count
+    return problem
 
 
 class Autologi:
@@ -113,8 +122,12 @@ class Autologi:
 
     @staticmethod
     def demonstration(instance: TaskInstance, role_index: int) -> str:
-        """Warm-start data: every role of a generic team writes the hidden arrangement (the verifier accepts it)."""
-        return str(instance.answer)
+        """Warm-start data: every role of a generic team writes the first valid arrangement in
+        lexicographic order (A's position first). One answer per prompt, even when two arrangements are
+        valid: the hidden one would be a coin flip the prompt cannot predict."""
+        items, constraints = instance.meta["items"], instance.meta["constraints"]
+        first = min(tuple(s[x] for x in items) for s in solutions(items, constraints))
+        return ",".join(f"{x}={k}" for x, k in zip(items, first, strict=True))
 
     def extract_answer(self, response: str) -> str | None:
         line = last_line(response)
