@@ -65,7 +65,7 @@ def test_evaluate_scores_with_the_family_verifier_and_breaks_down_by_difficulty(
     assert result.episodes == 16 and result.instances == 8
     assert result.pass_at_k["value"] == 1.0 and result.avg_at_k["value"] == 0.5
     assert result.pass_at_k_curve == {1: 0.5, 2: 1.0}
-    assert set(result.by_difficulty) == {"hops=1,size=9", "hops=2,size=9"}
+    assert set(result.by_difficulty) == {"hops=1,size=4", "hops=2,size=4"}
     assert result.tokens_per_episode == 10
 
 

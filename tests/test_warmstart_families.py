@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from teamtr.evals.runners import SYSTEM_PROMPTS, default_roles, load_team_spec, with_private_view
-from teamtr.evals.tasks import task_names
+from teamtr.evals.tasks import get_task, task_names
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import role_messages
 from teamtr.training.tiny_models import MESSAGE_END, build_char_tokenizer
@@ -132,9 +132,11 @@ def test_chain_demo_cache_key_is_unchanged():
     assert WarmStartConfig(task="chain", task_options={}).cache_key() == CHAIN_DEMO_KEY
     keys = {warm_config_for(name).cache_key() for name in FAMILIES}
     assert len(keys) == len(FAMILIES) and CHAIN_DEMO_KEY not in keys
+    split_key = warm_config_for("split").cache_key()
+    assert warm_config_for("split", task_options={"size": 2}).cache_key() != split_key
     assert (
-        warm_config_for("split", task_options={"size": 2}).cache_key() != warm_config_for("split").cache_key()
-    )
+        warm_config_for("split", task_options=vars(get_task("split").defaults)).cache_key() == split_key
+    )  # = defaults
 
 
 def test_config_rejects_unknown_tasks_and_chain_options():

@@ -157,6 +157,10 @@ class WarmStartConfig:
         for name, default in (("message_separator", "+"), ("task", "chain"), ("task_options", {})):
             if fields[name] == default:
                 fields.pop(name)
+        if self.task != "chain":  # the family's effective knobs: a changed family default is a new model,
+            family = get_task(self.task, **self.task_options)  # and options equal to the defaults are not
+            fields.pop("task_options", None)
+            fields["task_knobs"] = dataclasses.asdict(family.defaults)
         fields["format"] = WARMSTART_FORMAT
         blob = json.dumps(fields, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -169,11 +173,22 @@ FAMILY_SETTINGS: dict[str, dict] = {
     "countdown": dict(max_seconds=240.0),
     # a well-formed guess is right 1/3 of the time (one of 3 values; 1-2 of 6 arrangements): stop
     # well above that, where the model has learnt something
-    "zebra": dict(max_seconds=240.0, stop_accuracy=0.5, band=(0.4, 0.75)),
+    "zebra": dict(max_seconds=270.0, batch_size=8, eval_every=60, stop_accuracy=0.5, band=(0.4, 0.75)),
     "autologi": dict(max_seconds=240.0, stop_accuracy=0.5, band=(0.4, 0.75)),
-    "blocksworld": dict(max_seconds=240.0),
+    # plans of up to ~70 characters, written by every role: long sequences, slow steps and evaluations
+    "blocksworld": dict(
+        max_seconds=300.0,
+        batch_size=8,
+        eval_every=80,
+        eval_tasks=64,
+        final_eval_tasks=128,
+        sampled_eval_tasks=48,
+        eval_reserve_seconds=60.0,
+    ),
     "arbench": dict(max_seconds=240.0),
-    "split": dict(max_seconds=240.0),
+    # a guess is right 1/4 of the time; each role's context is its own (its private table), so
+    # nothing is packed: smaller batches, more steps
+    "split": dict(max_seconds=270.0, batch_size=8, stop_accuracy=0.45, band=(0.35, 0.75)),
 }
 
 

@@ -29,11 +29,11 @@ _SYMBOL = re.compile(r"[a-z]\d+")
 
 @dataclass(frozen=True)
 class SplitDifficulty:
-    """Defaults: 3 hops (one per role of a 3-role team), tables of 9 entries (a guess is right 1/9 of
-    the time, so a team's accuracy above that is learnt). hops=1, size=2 is very easy."""
+    """Defaults: 3 hops (one per role of a 3-role team), tables of 4 entries (a guess is right 1/4 of
+    the time). hops=1, size=2 is very easy."""
 
     hops: int = 3
-    size: int = 9  # entries per table
+    size: int = 4  # entries per table
 
     def __post_init__(self) -> None:
         if not 1 <= self.hops <= 25 or not 1 <= self.size <= 9:
