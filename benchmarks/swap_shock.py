@@ -5,7 +5,7 @@ after Stage-0 alignment, then continue TeamTR for K stages on both paths.
 
 Per seed: a TeamTR run of the demo team (3 adders, the cached warm-started model) for `--stages-before`
 stages -> `teamtr swap` of role `--role` to the newcomer (a separately warm-started model, hidden 160 /
-5 layers, another seed) twice: --no-align (direct) and with Stage-0 -> `--stages-after` more TeamTR
+5 layers, another seed, whose messages join numbers with `--newcomer-separator`, " + " by default) twice: --no-align (direct) and with Stage-0 -> `--stages-after` more TeamTR
 stages from each new run directory. Held-out team accuracy (greedy, the run's stage-eval tasks) is
 read at: before the swap, right after it, and after every further stage.
 
@@ -24,7 +24,9 @@ from rich.console import Console
 
 console = Console()
 
-NEWCOMER = {"hidden": 160, "layers": 5, "heads": 5, "seed": 1}  # larger, independently warm-started
+# Larger, independently warm-started, and (by default) speaking another message protocol: `19 + 5` where
+# the team writes `19+5`. The paper's swap shock comes from such a protocol mismatch.
+NEWCOMER = {"hidden": 160, "layers": 5, "heads": 5, "seed": 1}
 
 
 def base_config(seed: int, run_dir: Path, stages: int, args: argparse.Namespace):
@@ -153,11 +155,16 @@ def main() -> None:
     p.add_argument("--role", default="adder2")
     p.add_argument("--probes", type=int, default=256)
     p.add_argument("--delta0", type=float, default=0.01)
-    p.add_argument("--max-rounds", type=int, default=10)
+    p.add_argument("--max-rounds", type=int, default=30)
     p.add_argument("--prompts", type=int, default=8, help="prompts per update (B)")
     p.add_argument("--group", type=int, default=8, help="episodes per prompt (G)")
     p.add_argument("--eval-episodes", type=int, default=128)
     p.add_argument("--max-operand", type=int, default=9, help="chain task operands 1..this (warm starts too)")
+    p.add_argument(
+        "--newcomer-separator",
+        default=" + ",
+        help="the default newcomer's message protocol ('+' = the team's own: no protocol mismatch)",
+    )
     p.add_argument("--incumbent", default=None, help="team model dir (default: a cached warm start)")
     p.add_argument("--newcomer", default=None, help="newcomer model dir (default: a cached warm start)")
     p.add_argument("--out", default="benchmarks/results/swap_shock")
@@ -186,7 +193,12 @@ def main() -> None:
     newcomer = (
         Path(args.newcomer)
         if args.newcomer
-        else ensure_warm_model(WarmStartConfig(max_operand=args.max_operand, **NEWCOMER), progress=False)
+        else ensure_warm_model(
+            WarmStartConfig(
+                max_operand=args.max_operand, message_separator=args.newcomer_separator, **NEWCOMER
+            ),
+            progress=False,
+        )
     )
     args.incumbent_path = incumbent
     models = {}

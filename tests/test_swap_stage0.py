@@ -358,3 +358,28 @@ def test_a_role_swapped_twice_drops_the_base_no_role_uses(trained_run, models, t
     assert second.new_version == first.new_version + 1
     # the second swap's incumbent was the first newcomer: its held-out return is the one the first wrote
     assert second.eval_before == pytest.approx(first.eval_after)
+
+
+@pytest.mark.parametrize(("newcomer", "mode"), [("big", "token"), ("other", "text")])
+def test_protocol_unification_fits_the_incumbents_messages(trained_run, models, tmp_path, newcomer, mode):
+    from teamtr.training.swap import SwapConfig, swap_role
+
+    result = swap_role(
+        trained_run,
+        SwapConfig(
+            role="adder1",
+            model=models[newcomer],
+            out=str(tmp_path / newcomer),
+            probes=16,
+            delta0=1e-6,
+            max_rounds=1,  # round 0 = unification only
+            minibatch=8,
+            lr=1e-2,
+            unify_epochs=4,
+        ),
+    )
+    assert result.divergence == mode
+    before, after = result.extra["unify_nll"]
+    # the newcomer's NLL of the incumbent's own messages (in its own tokens, for another tokenizer) fell
+    assert after < before
+    assert read_metrics(result.out_dir, kind="swap")[-1]["extra"]["unify_nll"] == [before, after]

@@ -83,7 +83,12 @@ class SwapConfig:
     target: Target = "incumbent"  # or the geometric mixture of newcomer-before-alignment and incumbent
     mixture_lambda: float = 4.0  # lambda of the mixture target (weight lambda/(1+lambda) on the incumbent)
     divergence: Divergence = "auto"  # "token" needs identical tokenizers; "auto" picks
-    lr: float = 3e-3  # AdamW on the newcomer's LoRA adapter (1e-2 bounced on the chain models)
+    lr: float = 3e-3  # AdamW on the newcomer's LoRA adapter (1e-2 bounced on the chain models) ...
+    final_lr_ratio: float = 0.1  # ... decayed linearly over the rounds to lr * this (1.0 = constant)
+    # Protocol unification: round 0 trains the newcomer by cross-entropy on the incumbent's own messages
+    # at the probes (mass-covering: it adopts the team's message format) for this many passes, before
+    # the reverse-KL rounds (mode-seeking: they match the incumbent's distribution). 0 = off.
+    unify_epochs: int = 4
     max_rounds: int = 30  # rounds of (sample at every probe, monitor, `epochs` passes of minibatches)
     epochs: int = 4  # passes over a round's samples (the newcomer moves little within a round)
     minibatch: int = 64  # probe messages per optimizer step
@@ -94,10 +99,14 @@ class SwapConfig:
     def __post_init__(self) -> None:
         if min(self.probes, self.minibatch, self.max_rounds, self.epochs) < 1 or self.extra_stages < 0:
             raise ValueError("probes, minibatch, max_rounds and epochs must be >= 1, extra_stages >= 0")
+        if self.unify_epochs < 0:
+            raise ValueError("unify_epochs must be >= 0")
         if self.delta0 <= 0:
             raise ValueError("delta0 must be > 0")
         if self.mixture_lambda <= 0:
             raise ValueError("mixture_lambda must be > 0")
+        if not 0 < self.final_lr_ratio <= 1:
+            raise ValueError("final_lr_ratio must be in (0, 1]")
 
 
 @dataclass
@@ -106,6 +115,7 @@ class Probe:
 
     messages: list[BaseMessage]
     incumbent_text: str  # what the incumbent said there (kept for inspection)
+    incumbent_ids: list[int] = field(default_factory=list)  # ... as the incumbent's tokens (to unify on)
 
 
 @dataclass
@@ -226,7 +236,8 @@ def probes_from(trajectories: Sequence[Trajectory], role: Role, prompts: dict[st
         for k, turn in enumerate(traj.turns):
             if turn.role == role.name:
                 transcript = [(t.role, t.text) for t in traj.turns[:k]]
-                out.append(Probe(role_messages(role, prompts[traj.task_id], transcript), turn.text))
+                messages = role_messages(role, prompts[traj.task_id], transcript)
+                out.append(Probe(messages, turn.text, list(turn.completion_ids)))
     return out
 
 
@@ -327,10 +338,49 @@ class Aligner:
         self.mode = mode
         self.new_prompts = [render_prompt_ids(newcomer.tokenizer, p.messages) for p in probes]
         self.inc_prompts = [render_prompt_ids(incumbent.tokenizer, p.messages) for p in probes]
+        self.incumbent_messages = [self._in_newcomer_tokens(p.incumbent_ids) for p in probes]
         params = newcomer.engine.adapter_parameters(newcomer.adapter, newcomer.base)
         self.params = list(params.values())
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
         self.sampled_tokens = 0
+        self.unify_nll: tuple[float, float] | None = None  # set by unify(): NLL of m_inc before, after
+
+    def _in_newcomer_tokens(self, incumbent_ids: list[int]) -> list[int]:
+        """The incumbent's message as the newcomer's tokens (its EOS for the incumbent's EOS)."""
+        if self.mode == "token":
+            return list(incumbent_ids)
+        inc_eos = self.inc.tokenizer.eos_token_id
+        ends = bool(incumbent_ids) and incumbent_ids[-1] == inc_eos
+        text = self.inc.tokenizer.decode(incumbent_ids[:-1] if ends else incumbent_ids)
+        ids = self.new.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return [*ids, self.new.tokenizer.eos_token_id] if ends else ids
+
+    def incumbent_nll(self, idx: list[int], grad: bool = False) -> torch.Tensor:
+        """Mean over probes `idx` of -log q(m_inc | s): the newcomer's NLL of the incumbent's messages."""
+        with torch.set_grad_enabled(grad):
+            completions = [self.incumbent_messages[i] for i in idx]
+            logq = full_logprobs(self.new, [self.new_prompts[i] for i in idx], completions)
+            return -sum(logq[j, range(len(c)), c].sum() for j, c in enumerate(completions)) / len(idx)
+
+    def unify(self, gen: torch.Generator) -> None:
+        """Protocol unification: minimise -log q(m_inc | s) on the incumbent's own message at each probe
+        (forward KL(incumbent || newcomer) up to a constant), `unify_epochs` passes of minibatches.
+        Records the NLL over all probes before and after in `unify_nll`."""
+        keep = torch.tensor([i for i, m in enumerate(self.incumbent_messages) if m])
+        chunks = [c.tolist() for c in keep.split(128)]
+
+        def nll_all() -> float:
+            return sum(float(self.incumbent_nll(c)) * len(c) for c in chunks) / len(keep)
+
+        before = nll_all()
+        for _ in range(self.cfg.unify_epochs):
+            for idx in keep[torch.randperm(len(keep), generator=gen)].split(self.cfg.minibatch):
+                nll = self.incumbent_nll(idx.tolist(), grad=True)
+                self.optimizer.zero_grad(set_to_none=True)
+                nll.backward()
+                torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+                self.optimizer.step()
+        self.unify_nll = (before, nll_all())
 
     # ---- sampling from the newcomer -----------------------------------------------------------------
     def sample(self, round_no: int) -> Samples:
@@ -411,7 +461,8 @@ class Aligner:
 
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self, callbacks: Callbacks | None = None) -> tuple[list[float], bool, int]:
-        """Rounds: sample at every probe -> monitor -> stop if <= delta_0 -> `epochs` passes of minibatches.
+        """Rounds: sample at every probe -> monitor -> stop if <= delta_0 -> `epochs` passes of minibatches
+        (round 0: protocol unification instead, when `unify_epochs` > 0).
 
         If the round cap comes first, the adapter of the round with the lowest monitored KL is kept (the
         KL is not monotone in the rounds) and its KL is appended to the history as the final value."""
@@ -435,6 +486,11 @@ class Aligner:
                     self.new.engine.restore_adapter(self.new.adapter, best[1], self.new.base)
                     history.append(best[0])
                 return history, False, k
+            for group in self.optimizer.param_groups:  # Adam's noise floor shrinks with the step size
+                group["lr"] = cfg.lr * (1 - (1 - cfg.final_lr_ratio) * k / max(1, cfg.max_rounds - 1))
+            if k == 0 and cfg.unify_epochs:
+                self.unify(gen)  # round 0 adopts the team's protocol; the reverse KL takes it from there
+                continue
             for _ in range(cfg.epochs):
                 for idx in torch.randperm(len(samples), generator=gen).split(cfg.minibatch):
                     loss, _ = self.divergence(samples.subset(idx.tolist()), cfg.target, grad=True)
@@ -575,6 +631,8 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None 
             "from_run": str(run_dir.resolve()),
             # the swap's term in the certificate's form: c * sqrt(KL) for the newcomer's move
             "certificate_penalty": c * math.sqrt(max(history[-1], 0.0)),
+            # protocol unification: the newcomer's NLL of the incumbent's messages, before and after
+            "unify_nll": aligner.unify_nll,
         },
     )
     step = int(run_state["step"])

@@ -55,7 +55,11 @@ def swap(
     mixture_lambda: float = typer.Option(4.0, help="lambda of the mixture target"),
     divergence: str = typer.Option("auto", help="auto, token (same tokenizer) or text"),
     lr: float = typer.Option(3e-3, help="AdamW learning rate of the newcomer's LoRA adapter"),
-    max_rounds: int = typer.Option(30, help="Stage-0 rounds at most (sample, monitor, one epoch)"),
+    final_lr_ratio: float = typer.Option(0.1, help="the learning rate decays linearly to lr * this"),
+    max_rounds: int = typer.Option(30, help="Stage-0 rounds at most (sample, monitor, 4 epochs)"),
+    unify_epochs: int = typer.Option(
+        4, help="protocol unification first: passes of cross-entropy on the incumbent's messages (0 = off)"
+    ),
     extra_stages: int = typer.Option(3, help="TeamTR stages the new run has left to train"),
     seed: int = typer.Option(0, help="seed of Stage-0 sampling and the newcomer's LoRA init"),
     json_out: bool = typer.Option(False, "--json", help="print the result as JSON only"),
@@ -78,7 +82,9 @@ def swap(
             mixture_lambda=mixture_lambda,
             divergence=divergence,  # type: ignore[arg-type]
             lr=lr,
+            final_lr_ratio=final_lr_ratio,
             max_rounds=max_rounds,
+            unify_epochs=unify_epochs,
             extra_stages=extra_stages,
             seed=seed,
         )
