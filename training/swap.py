@@ -88,7 +88,7 @@ class SwapConfig:
     # Protocol unification: round 0 trains the newcomer by cross-entropy on the incumbent's own messages
     # at the probes (mass-covering: it adopts the team's message format) for this many passes, before
     # the reverse-KL rounds (mode-seeking: they match the incumbent's distribution). 0 = off.
-    unify_epochs: int = 4
+    unify_epochs: int = 0
     max_rounds: int = 30  # rounds of (sample at every probe, monitor, `epochs` passes of minibatches)
     epochs: int = 4  # passes over a round's samples (the newcomer moves little within a round)
     minibatch: int = 64  # probe messages per optimizer step

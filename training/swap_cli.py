@@ -58,7 +58,7 @@ def swap(
     final_lr_ratio: float = typer.Option(0.1, help="the learning rate decays linearly to lr * this"),
     max_rounds: int = typer.Option(30, help="Stage-0 rounds at most (sample, monitor, 4 epochs)"),
     unify_epochs: int = typer.Option(
-        4, help="protocol unification first: passes of cross-entropy on the incumbent's messages (0 = off)"
+        0, help="protocol unification first: passes of cross-entropy on the incumbent's messages (0 = off)"
     ),
     extra_stages: int = typer.Option(3, help="TeamTR stages the new run has left to train"),
     seed: int = typer.Option(0, help="seed of Stage-0 sampling and the newcomer's LoRA init"),
