@@ -259,11 +259,13 @@ def test_split_needs_every_table_and_rejects_other_symbols(seed, hops, size):
     symbol = inst.prompt.split()[1].rstrip(",")
     for i in range(hops):  # following each role's private table gives the answer
         table = dict(pair.split(">") for pair in family.role_view(inst, i).split())
-        assert family.demonstration(inst, i) == table[symbol]
+        assert family.demonstration(inst, i) == f"{symbol}>{table[symbol]}"  # the row it used
         symbol = table[symbol]
         assert family.role_view(inst, i) not in inst.prompt  # private: not in the shared prompt
         assert family.role_view(inst, i) in family.full_prompt(inst)
     assert symbol == inst.answer and family.verify(inst, symbol) == 1.0
+    assert family.verify(inst, family.demonstration(inst, hops - 1)) == 1.0  # `c3>d1` names d1
+    assert family.verify(inst, f"{inst.answer} {inst.answer}") == 0.0
     last_layer = {pair.split(">")[1] for pair in family.role_view(inst, hops - 1).split()}
     for other in last_layer - {inst.answer}:
         assert family.verify(inst, other) == 0.0

@@ -8,7 +8,7 @@ form the next role reads improves the team.
 
     public prompt (every role):  start a2, 3 tables
     role 1's view: a1>b3 a2>b1 a3>b2     role 2's view: b1>c2 ...     role 3's view: c2>d1 ...
-    answer: d1
+    answer: d1   (the roles write the rows they used: `a2>b1`, `b1>c2`, `c2>d1`)
 
 Optional hooks (not part of the TaskFamily protocol): `role_view(instance, i)` is the private text of
 role i, which a team graph appends to that role's context; `full_prompt(instance)` is the prompt with
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
 
-_SYMBOL = re.compile(r"[a-z]\d+")
+_FINAL_LINE = re.compile(r"(?:[a-z]\d+>)?([a-z]\d+)")
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,18 @@ class Split:
 
     @staticmethod
     def demonstration(instance: TaskInstance, role_index: int) -> str:
-        """Role i's correct message: its own lookup of the symbol the previous role wrote."""
-        return instance.meta["path"][role_index + 1]
+        """Role i's correct message: the row of its own table it used, `b1>c3` (the symbol the
+        previous role passed on, then its lookup). Writing the key first makes the lookup a copy of
+        what follows that key in the table, which a small model learns; the next role reads the last
+        symbol."""
+        path = instance.meta["path"]
+        return f"{path[role_index]}>{path[role_index + 1]}"
 
     def extract_answer(self, response: str) -> str | None:
-        line = last_line(response)
-        symbols = _SYMBOL.findall(line or "")
-        return symbols[-1] if symbols and line == symbols[-1] else None
+        """The final line is the answer symbol, optionally after the key it was looked up with
+        (`d2` or `c3>d2`)."""
+        match = _FINAL_LINE.fullmatch(last_line(response) or "")
+        return match.group(1) if match else None
 
     def verify(self, instance: TaskInstance, response: str) -> float:
         return float(self.extract_answer(response) == instance.answer)
