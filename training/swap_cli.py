@@ -56,7 +56,8 @@ def swap(
     divergence: str = typer.Option("auto", help="auto, token (same tokenizer) or text"),
     lr: float = typer.Option(3e-3, help="AdamW learning rate of the newcomer's LoRA adapter"),
     final_lr_ratio: float = typer.Option(0.1, help="the learning rate decays linearly to lr * this"),
-    max_rounds: int = typer.Option(30, help="Stage-0 rounds at most (sample, monitor, 4 epochs)"),
+    max_rounds: int = typer.Option(30, help="Stage-0 rounds at most (sample, monitor, train)"),
+    epochs: int = typer.Option(4, help="passes of minibatches over each round's samples"),
     unify_epochs: int = typer.Option(
         0, help="protocol unification first: passes of cross-entropy on the incumbent's messages (0 = off)"
     ),
@@ -84,6 +85,7 @@ def swap(
             lr=lr,
             final_lr_ratio=final_lr_ratio,
             max_rounds=max_rounds,
+            epochs=epochs,
             unify_epochs=unify_epochs,
             extra_stages=extra_stages,
             seed=seed,
