@@ -43,11 +43,11 @@ _NAME_CHARS = 6  # values are cut to this many letters when that keeps them uniq
 
 @dataclass(frozen=True)
 class ZebraDifficulty:
-    """Defaults: 2 houses x 2 attributes, the easiest setting, and still not solved by the small
-    warm-started model (3x2: it stayed at the 1/3 of a guess after 4 minutes of training). ZebraLogic
-    goes up to 6x6."""
+    """Defaults: 3 houses x 2 attributes. 2x2 is very easy; ZebraLogic goes up to 6x6. (The small
+    warm-started model stays at the level of a guess on both 3x2 and 2x2 after 4-5 minutes of
+    supervised training: docs/evals.md, "Headroom".)"""
 
-    houses: int = 2
+    houses: int = 3
     attributes: int = 2
 
     def __post_init__(self) -> None:
