@@ -132,7 +132,7 @@ def plot(runs: list[dict], stages_after: int, png: Path, delta0: float) -> None:
     ax.set_xticks(x, labels)
     ax.set_xlabel("before the swap, right after it, after k further TeamTR stages")
     ax.set_ylabel("held-out team accuracy (%)")
-    ax.set_title("swap shock: one role replaced by a larger small model")
+    ax.set_title("swap shock: one role replaced by another small model")
     ax.legend()
     for r in runs:  # Stage-0: monitored KL(newcomer || incumbent) per round
         kl_ax.plot(r["stage0"]["kl_history"], "-o", ms=3, label=f"seed {r['seed']}")
