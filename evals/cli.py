@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from teamtr.evals.runners import MAX_NEW_TOKENS  # per-family message budget
+
 app = typer.Typer()
 
-# per-message token allowance by family: a 3-block plan is up to ~70 characters (one token each)
-MAX_NEW_TOKENS = {"blocksworld": 96}
 DEFAULT_SEED = 2_000_003  # the held-out seed of training's TaskConfig: eval prompts are never train prompts
 
 

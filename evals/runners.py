@@ -15,7 +15,6 @@ The single-model baseline is one agent (one policy) given every private fact; se
 from __future__ import annotations
 
 import asyncio
-import importlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -51,25 +50,37 @@ class TeamSpec:
     bases: dict[str, Path] = field(default_factory=dict)  # further base models (heterogeneous teams)
 
 
-def _import_factory(path: str):
-    module, _, attr = path.partition(":")
-    if not attr:
-        raise ValueError(f"roles factory {path!r}: want 'module:function'")
-    return getattr(importlib.import_module(module), attr)
-
-
 def _latest_version(role_dir: Path) -> Path | None:
     versions = [(int(m.group(1)), p) for p in role_dir.glob("v*") if (m := re.fullmatch(r"v(\d+)", p.name))]
     return max(versions)[1] if versions else None
 
 
-def default_roles(task: str, n_roles: int, options: dict[str, Any] | None = None) -> list[Role]:
+# Longest message a family's answer needs, in characters (= tokens of the small models); default 32:
+# a 3-block plan is up to ~70 characters.
+MAX_NEW_TOKENS = {"blocksworld": 96}
+
+
+def default_roles(
+    task: str, n_roles: int = 3, options: dict[str, Any] | None = None, trainable: bool = False
+) -> list[Role]:
+    """The team a family is warm-started and evaluated with: the chain adders for `chain`, else
+    `n_roles` generic solvers with the family's system prompt; `trainable` gives each solver its own
+    LoRA adapter (`solver1`, ...) and the family's message budget, for `teamtr train`."""
     if task == "chain":
         from teamtr.training.warmstart import chain_roles
 
         return chain_roles(int((options or {}).get("steps", 3)))
     prompt = SYSTEM_PROMPTS.get(task, "Solve the task.")
-    return [Role(name=f"solver{i}", system_prompt=prompt, adapter=None) for i in range(1, n_roles + 1)]
+    sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS.get(task, 32), stop=(MESSAGE_END,))
+    return [
+        Role(
+            name=f"solver{i}",
+            system_prompt=prompt,
+            adapter=f"solver{i}" if trainable else None,
+            sampling=sampling,
+        )
+        for i in range(1, n_roles + 1)
+    ]
 
 
 def with_private_view(role: Role, family: TaskFamily, instance: TaskInstance, index: int) -> Role:
@@ -97,11 +108,11 @@ def load_team_spec(
         raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
     if (path / "config.yaml").is_file():
         from teamtr.training.config import TrainConfig
-        from teamtr.training.trainer import with_bases
+        from teamtr.training.trainer import load_roles, with_bases
         from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
         cfg = TrainConfig.from_yaml(path / "config.yaml")
-        roles = with_bases(list(_import_factory(cfg.team.roles)()), cfg.team.role_bases)
+        roles = with_bases(load_roles(cfg.team.roles, cfg.task.name, cfg.task.options), cfg.team.role_bases)
         base = Path(cfg.team.model) if cfg.team.model else ensure_warm_model(warm_config_for(cfg.task.name))
         adapters: dict[str, Path | None] = {}
         for r in roles:

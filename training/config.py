@@ -37,8 +37,10 @@ class TeamConfig(_Strict):
     """The team being trained: a factory `module:function` returning the list of `Role`s (router:
     round-robin in role order, as in graphs/team.py), and the base model every role's adapter sits on."""
 
-    roles: str = "teamtr.graphs.chain_team:chain_roles"
-    model: str | None = None  # base model directory; None = the cached warm-started demo model
+    # `module:function` returning list[Role]; None = the task's own team: the chain adders for `chain`,
+    # else three generic solvers with the family's system prompt (the team `teamtr warmstart` trains)
+    roles: str | None = None
+    model: str | None = None  # base model directory; None = the task's cached warm-started model
     # heterogeneous teams: more base models (name -> directory) beside `model` (which is named "base"),
     # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)
     bases: dict[str, str] = Field(default_factory=dict)

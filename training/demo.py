@@ -41,7 +41,7 @@ def demo_config(base_config: Path | None, **overrides: Any) -> TrainConfig:
 
 def final_accuracy(engine: EmbeddedEngine, cfg: TrainConfig) -> dict[str, Any]:
     """Team accuracy on `eval.final_episodes` held-out tasks with the engine's current adapters."""
-    roles = load_roles(cfg.team.roles)
+    roles = load_roles(cfg.team.roles, cfg.task.name, cfg.task.options)
     task = get_task(cfg.task.name, **cfg.task.options)
     tasks = task.generate(cfg.eval.final_episodes, seed=cfg.task.eval_seed)
     team = Team.from_engine(with_temperature(roles, cfg.eval.temperature), engine, name="eval")
@@ -49,7 +49,7 @@ def final_accuracy(engine: EmbeddedEngine, cfg: TrainConfig) -> dict[str, Any]:
 
 
 def warm_start_engine(cfg: TrainConfig, model_path: str) -> EmbeddedEngine:
-    roles = load_roles(cfg.team.roles)
+    roles = load_roles(cfg.team.roles, cfg.task.name, cfg.task.options)
     return EmbeddedEngine(model_path, adapters={r.adapter: None for r in roles}, threads=cfg.torch_threads)
 
 

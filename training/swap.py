@@ -527,7 +527,10 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None 
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
 
-    roles = with_bases(load_roles(train_cfg.team.roles), train_cfg.team.role_bases)
+    roles = with_bases(
+        load_roles(train_cfg.team.roles, train_cfg.task.name, train_cfg.task.options),
+        train_cfg.team.role_bases,
+    )
     names = [r.name for r in roles]
     if cfg.role not in names:
         raise ValueError(f"unknown role {cfg.role!r}; the team's roles are {names}")

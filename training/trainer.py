@@ -76,8 +76,15 @@ class Callbacks:
     def evaluation(self, label: str, result: dict[str, Any]) -> None: ...
 
 
-def load_roles(spec: str) -> list[Role]:
-    """`module:function` -> the team's roles."""
+def load_roles(spec: str | None, task: str = "chain", options: dict[str, Any] | None = None) -> list[Role]:
+    """`module:function` -> the team's roles; None -> the task's own team (evals.runners.default_roles:
+    the chain adders, or generic solvers each with its own adapter)."""
+    if spec is None:
+        from teamtr.evals.runners import default_roles
+
+        if task == "split":  # its roles read private tables, which the trainer's rollouts do not pass
+            raise ValueError("task split: the trainer has no private per-role views; give team.roles")
+        return default_roles(task, options=options, trainable=True)
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise ValueError(f"team.roles must look like 'module:function', got {spec!r}")
@@ -557,7 +564,7 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._check_config()
-        roles = with_bases(load_roles(cfg.team.roles), cfg.team.role_bases)
+        roles = with_bases(load_roles(cfg.team.roles, cfg.task.name, cfg.task.options), cfg.team.role_bases)
         task = get_task(cfg.task.name, **cfg.task.options)
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
         engine = self._engine
