@@ -366,7 +366,9 @@ class Aligner:
         """Protocol unification: minimise -log q(m_inc | s) on the incumbent's own message at each probe
         (forward KL(incumbent || newcomer) up to a constant), `unify_epochs` passes of minibatches.
         Records the NLL over all probes before and after in `unify_nll`."""
-        keep = torch.tensor([i for i, m in enumerate(self.incumbent_messages) if m])
+        keep = torch.tensor([i for i, m in enumerate(self.incumbent_messages) if m], dtype=torch.long)
+        if len(keep) == 0:  # the incumbent said nothing at any probe: nothing to unify on
+            return
         chunks = [c.tolist() for c in keep.split(128)]
 
         def nll_all() -> float:
