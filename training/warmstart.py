@@ -320,7 +320,7 @@ def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
     return family, WarmTeam(family, default_roles(cfg.task, cfg.steps))
 
 
-def _as_team(task: TaskFamily | None, team: WarmTeam | list[Role], separator: str) -> WarmTeam:
+def _as_team(task: TaskFamily | None, team: WarmTeam | list[Role], separator: str = "+") -> WarmTeam:
     """A list of roles means the chain's adders (the original signature of these functions)."""
     if isinstance(team, WarmTeam):
         return team
@@ -345,12 +345,11 @@ def episode_examples(
     tokenizer: PreTrainedTokenizerFast,
     team: WarmTeam | list[Role],
     instance: TaskInstance,
-    separator: str = "+",
 ) -> list[StepExample]:
     """The demonstration of every step of one task, each on the correct transcript so far.
 
     `team`: a WarmTeam, or a list of roles meaning the chain task's adders."""
-    team = _as_team(None, team, separator)
+    team = _as_team(None, team)
     transcript: list[tuple[str, str]] = []
     out = []
     for index, role in enumerate(team.roles_for(instance)):
@@ -492,12 +491,11 @@ def team_rollouts(
     team: WarmTeam | list[Role],
     instances: list[TaskInstance],
     temperature: float = 0.0,
-    separator: str = "+",
 ) -> list[list[tuple[str, str]]]:
     """The whole team on every instance, one batched generate per role; returns each transcript.
 
     `team`: a WarmTeam, or a list of roles meaning the chain task's adders."""
-    team = _as_team(None, team, separator)
+    team = _as_team(None, team)
     was_training = model.training
     model.eval()
     transcripts: list[list[tuple[str, str]]] = [[] for _ in instances]
@@ -522,11 +520,10 @@ def evaluate_team(
     team: WarmTeam | list[Role],
     instances: list[TaskInstance],
     temperature: float = 0.0,
-    separator: str = "+",
 ) -> tuple[TeamEval, list[float]]:
     """Team accuracy (the family's verifier on the final message) and per-role accuracy (given correct
     input); also each episode's reward. `team`: a WarmTeam, or a list of roles meaning chain's adders."""
-    team = _as_team(task, team, separator)
+    team = _as_team(task, team)
     roles = team.roles
     transcripts = team_rollouts(model, tokenizer, team, instances, temperature)
     step_right, step_inputs = [0] * len(roles), [0] * len(roles)
@@ -553,11 +550,10 @@ def sampled_eval(
     team: WarmTeam | list[Role],
     instances: list[TaskInstance],
     k: int,
-    separator: str = "+",
 ) -> tuple[TeamEval, float]:
     """Temperature-1 team accuracy over k episodes per task, and pass@k (any of the k episodes right)."""
     repeated = [inst for inst in instances for _ in range(k)]
-    team, rewards = evaluate_team(model, tokenizer, task, team, repeated, 1.0, separator)
+    team, rewards = evaluate_team(model, tokenizer, task, team, repeated, temperature=1.0)
     solved = [max(rewards[i * k : (i + 1) * k]) for i in range(len(instances))]
     return team, sum(solved) / len(solved)
 
@@ -675,7 +671,7 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
             if step % eval_every:
                 continue
 
-            team, _ = evaluate_team(model, tokenizer, task, roles, eval_set, 0.0, cfg.message_separator)
+            team, _ = evaluate_team(model, tokenizer, task, roles, eval_set)
             elapsed = time.perf_counter() - start
             row = {"step": step, "seconds": round(elapsed, 2), "loss": round(loss.item(), 4),
                    "team_accuracy": team.team_accuracy, "step_accuracy": team.step_accuracy,
@@ -711,7 +707,7 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
             stopped_because += f"; kept the best evaluated checkpoint (step {best[1]}, {best[0]:.0%})"
         model.eval()
         final_set = task.generate(cfg.final_eval_tasks, seed=f"warmstart-final-{cfg.seed}")
-        greedy, _ = evaluate_team(model, tokenizer, task, roles, final_set, 0.0, cfg.message_separator)
+        greedy, _ = evaluate_team(model, tokenizer, task, roles, final_set)
         torch.manual_seed(cfg.seed)
         sampled, pass_at_k = sampled_eval(
             model,
@@ -720,7 +716,6 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
             roles,
             final_set[: cfg.sampled_eval_tasks],
             cfg.samples_per_task,
-            cfg.message_separator,
         )
 
     save_model(model, tokenizer, out_dir)
