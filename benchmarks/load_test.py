@@ -34,8 +34,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from teamtr.cli.serve import ServeConfig, build_server
 from teamtr.evals.tasks import get_task
-from teamtr.serving.cli import ServeConfig, build_server
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
 from teamtr.serving.vllm_server import free_port
@@ -160,7 +160,7 @@ def start_api_server(run: Path, engine: str, vllm_url: str | None, log: Path) ->
     cmd = [
         sys.executable,
         "-m",
-        "teamtr.graphs.cli",
+        "teamtr.cli.main",
         "serve",
         str(run),
         "--team-name",

@@ -21,8 +21,8 @@ from transformers import LlamaForCausalLM
 
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_team
+from teamtr.graphs.engine import SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.engine import SamplingParams
 from teamtr.training.tiny_models import build_char_tokenizer, tiny_llama_config
 
 

@@ -24,8 +24,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.engine import Engine, SamplingParams
 from teamtr.serving.vllm_engine import VLLMEngine
 from teamtr.serving.vllm_server import start_vllm_server
 from teamtr.training.tiny_models import build_char_tokenizer

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from teamtr.evals.metrics import CORRECT, pass_at_k_curve, summarize
-from teamtr.evals.task import TaskFamily, TaskInstance
+from teamtr.graphs.task import TaskFamily, TaskInstance
 
 
 @dataclass

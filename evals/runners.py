@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from teamtr.evals.harness import Episode, Runner
-from teamtr.evals.task import TaskFamily, TaskInstance
+from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 from teamtr.graphs.roles import Role
-from teamtr.serving.engine import DEFAULT_BASE, SamplingParams
+from teamtr.graphs.task import TaskFamily, TaskInstance
 
 # Short system prompts: the small models read one character per token.
 SYSTEM_PROMPTS = {

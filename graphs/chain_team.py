@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team
-from teamtr.serving.engine import SamplingParams
 
 SYSTEM_PROMPT = "Add the first two numbers."
 # The small character model ends each message with a newline; a chat model ends it with EOS anyway.

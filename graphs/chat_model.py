@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
 from teamtr.graphs.chat_format import render_prompt_ids
-from teamtr.serving.engine import DEFAULT_BASE, Engine, SamplingParams
+from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
 
 METADATA_KEY = "teamtr"
 

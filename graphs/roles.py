@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
-from teamtr.serving.engine import DEFAULT_BASE, SamplingParams
+from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from teamtr.evals.task import TaskInstance
 from teamtr.graphs.chat_model import METADATA_KEY, EngineChatModel
 from teamtr.graphs.roles import Role, role_messages
+from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory, Turn
 
 

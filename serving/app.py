@@ -34,8 +34,8 @@ from langchain_core.outputs import LLMResult
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from teamtr.evals.task import TaskInstance
 from teamtr.graphs.chat_model import METADATA_KEY
+from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.serving.protocol import (

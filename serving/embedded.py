@@ -23,7 +23,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from teamtr.serving.engine import DEFAULT_BASE, LORA_TARGET_MODULES, Generation, SamplingParams
+from teamtr.graphs.engine import DEFAULT_BASE, LORA_TARGET_MODULES, Generation, SamplingParams
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 
@@ -96,7 +96,7 @@ class _Base:
 
 
 class EmbeddedEngine:
-    """Implements the `Engine` protocol (serving/engine.py) in process."""
+    """Implements the `Engine` protocol (graphs/engine.py) in process."""
 
     def __init__(
         self,

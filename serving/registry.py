@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from teamtr.serving.engine import DEFAULT_BASE, Engine
+from teamtr.graphs.engine import DEFAULT_BASE, Engine
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"

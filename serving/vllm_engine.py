@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from teamtr.serving.engine import DEFAULT_BASE, Generation, SamplingParams
+from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
 from teamtr.serving.vllm_server import VLLMServer
 
 TOKEN_ID_PREFIX = "token_id:"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from teamtr.serving.engine import LORA_TARGET_MODULES
+from teamtr.graphs.engine import LORA_TARGET_MODULES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".vllm-venv" / "bin" / "python"

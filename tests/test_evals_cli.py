@@ -8,8 +8,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from teamtr.cli.main import app
 from teamtr.evals.tasks import get_task
-from teamtr.graphs.cli import app
 
 runner = CliRunner()
 

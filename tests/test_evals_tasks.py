@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from teamtr.evals.task import TaskFamily
 from teamtr.evals.tasks import get_task, task_names
 from teamtr.evals.tasks.arbench import Arbench, feedback
 from teamtr.evals.tasks.autologi import Autologi, count_solutions, holds
@@ -17,6 +16,7 @@ from teamtr.evals.tasks.blocksworld import Blocksworld
 from teamtr.evals.tasks.countdown import Countdown, evaluate_expression
 from teamtr.evals.tasks.split import Split
 from teamtr.evals.tasks.zebra import Zebra
+from teamtr.graphs.task import TaskFamily
 
 FAMILIES = ["countdown", "zebra", "autologi", "blocksworld", "arbench", "split"]
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

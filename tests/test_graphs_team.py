@@ -10,10 +10,10 @@ from langgraph.graph import END
 
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_roles, chain_team
+from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import RoundRobin, Team, TeamError
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.engine import SamplingParams
 
 ROLES = ("adder1", "adder2", "adder3")
 

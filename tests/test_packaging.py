@@ -42,4 +42,4 @@ def test_wheel_has_one_namespace_and_every_subpackage(tmp_path):
     entry_points = (
         zipfile.ZipFile(wheel).read(f"{wheel.name.split('-py')[0]}.dist-info/entry_points.txt").decode()
     )
-    assert "teamtr = teamtr.graphs.cli:app" in entry_points
+    assert "teamtr = teamtr.cli.main:app" in entry_points

@@ -13,7 +13,7 @@ import yaml
 from langchain_openai import ChatOpenAI
 from serving_fixtures import make_run_dir, write_versions
 
-from teamtr.serving.cli import BackgroundServer, ServeConfig
+from teamtr.cli.serve import BackgroundServer, ServeConfig
 from teamtr.serving.registry import AdapterError
 
 API_KEY, ADMIN_KEY = "sk-test-key", "admin-test-key"
@@ -277,7 +277,7 @@ def test_teamtr_serve_command_serves_a_run_directory(tiny_model_dir, tmp_path):
         [
             sys.executable,
             "-m",
-            "teamtr.graphs.cli",
+            "teamtr.cli.main",
             "serve",
             str(run),
             "--port",

@@ -11,7 +11,7 @@ import openai
 import pytest
 from serving_fixtures import ROLES, make_run_dir, write_versions
 
-from teamtr.serving.cli import BackgroundServer, ServeConfig
+from teamtr.cli.serve import BackgroundServer, ServeConfig
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.registry import version_dirs
 from teamtr.serving.tracing import trajectories_from_store

@@ -15,13 +15,13 @@ from safetensors.torch import load_file, save_file
 from serving_fixtures import ROLES, adapter_config, make_run_dir, write_versions
 from typer.testing import CliRunner
 
+from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import app as cli_app
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_roles
+from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team
-from teamtr.serving.cli import BackgroundServer, ServeConfig
-from teamtr.serving.cli import app as cli_app
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.engine import SamplingParams
 from teamtr.serving.registry import AdapterError, AdapterRegistry, inspect_adapter, version_dirs
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, stop=("\n",))

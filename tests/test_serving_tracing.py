@@ -16,9 +16,9 @@ import pytest
 from serving_fixtures import make_run_dir
 from typer.testing import CliRunner
 
+from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import app as cli_app
 from teamtr.graphs.trajectory import load_jsonl
-from teamtr.serving.cli import BackgroundServer, ServeConfig
-from teamtr.serving.cli import app as cli_app
 from teamtr.serving.trace_store import read_spans
 from teamtr.serving.tracing import MissingTokensError, trajectories_from_store
 from teamtr.serving.vllm_server import free_port

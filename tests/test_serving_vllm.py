@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.engine import Engine, SamplingParams
 from teamtr.serving.vllm_engine import VLLMEngine, VLLMRequestError
 from teamtr.serving.vllm_server import VLLMServer, attach_vllm_server
 

@@ -18,10 +18,10 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks import register, task_names
 from teamtr.graphs.chain_team import chain_roles
-from teamtr.serving.engine import SamplingParams
+from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.task import TaskInstance
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import read_metrics
 
@@ -299,7 +299,7 @@ def test_cli_swap_writes_a_run_directory_and_reports_bad_input(trained_run, mode
 
     from typer.testing import CliRunner
 
-    from teamtr.graphs.cli import app
+    from teamtr.cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "cli"

@@ -29,10 +29,10 @@ TASK_SOURCE = """
 import sys
 import types
 
-from teamtr.evals.task import TaskInstance
+from teamtr.graphs.task import TaskInstance
 from teamtr.evals.tasks import register, task_names
 from teamtr.graphs.chain_team import chain_roles
-from teamtr.serving.engine import SamplingParams
+from teamtr.graphs.engine import SamplingParams
 
 
 class DigitStart:
@@ -236,7 +236,7 @@ def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
 def test_cli_train_prints_one_line_per_update_and_report_writes_pngs(tiny_model, tmp_path):
     from typer.testing import CliRunner
 
-    from teamtr.graphs.cli import app
+    from teamtr.cli.main import app
 
     cfg = small_config(tiny_model, tmp_path / "run")
     cfg.to_yaml(tmp_path / "c.yaml")

@@ -161,7 +161,7 @@ def cached_split_model(tmp_path, monkeypatch):
 
 
 def test_eval_warm_resolves_the_family_model(cached_split_model, tmp_path):
-    from teamtr.graphs.cli import app
+    from teamtr.cli.main import app
 
     spec = load_team_spec("warm", "split")
     assert spec.base == cached_split_model
@@ -182,7 +182,7 @@ def test_trainer_starts_a_family_from_its_warm_model(cached_split_model):
 def test_warmstart_command_reuses_the_cached_family_model(cached_split_model):
     import json
 
-    from teamtr.graphs.cli import app
+    from teamtr.cli.main import app
 
     result = CliRunner().invoke(app, ["warmstart", "--task", "split", "--json"])
     assert result.exit_code == 0, result.output

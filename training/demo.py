@@ -62,7 +62,7 @@ def train_and_evaluate(cfg: TrainConfig, callbacks: Callbacks | None = None) -> 
 
 
 def run_demo(out: Path, base_config: Path | None = None, console: Console | None = None) -> dict[str, Any]:
-    from teamtr.training.cli import RichCallbacks, progress_bars
+    from teamtr.cli.train import RichCallbacks, progress_bars
     from teamtr.training.report import write_report
 
     console = console or Console()

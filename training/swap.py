@@ -45,14 +45,14 @@ from typing import Any, Literal
 import torch
 from langchain_core.messages import BaseMessage
 
-from teamtr.evals.task import TaskFamily
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chat_format import render_prompt_ids
+from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 from teamtr.graphs.roles import Role, role_messages
+from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.engine import DEFAULT_BASE, SamplingParams
 from teamtr.training.certificate import certificate_constant
 from teamtr.training.checkpoint import (
     CHECKPOINTS,

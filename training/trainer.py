@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from teamtr.evals.task import TaskFamily, TaskInstance
 from teamtr.evals.tasks import get_task
+from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role
+from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.engine import DEFAULT_BASE
 from teamtr.training.advantages import Advantages, batch_normalised_advantages, group_normalised_advantages
 from teamtr.training.certificate import (
     CertificateTerm,

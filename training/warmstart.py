@@ -48,12 +48,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from teamtr.evals.task import TaskFamily, TaskInstance
 from teamtr.evals.tasks import get_task, task_names
 from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import Role, role_messages
+from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.training.tiny_models import MESSAGE_END, build_char_tokenizer, tiny_llama_config
 
 log = logging.getLogger(__name__)

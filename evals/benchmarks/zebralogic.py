@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from teamtr.evals.benchmarks.paths import benchmarks_dir, require_file
-from teamtr.evals.task import TaskInstance
+from teamtr.graphs.task import TaskInstance
 
 EASY_SIZES = {"2*2", "2*3", "2*4", "2*5", "2*6", "3*2", "3*3"}
 OUTPUT_FORMAT = (

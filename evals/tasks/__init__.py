@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from teamtr.evals.task import TaskFamily
 from teamtr.evals.tasks.arbench import Arbench
 from teamtr.evals.tasks.autologi import Autologi
 from teamtr.evals.tasks.blocksworld import Blocksworld
@@ -10,6 +9,7 @@ from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.evals.tasks.countdown import Countdown
 from teamtr.evals.tasks.split import Split
 from teamtr.evals.tasks.zebra import Zebra
+from teamtr.graphs.task import TaskFamily
 
 _FAMILIES: dict[str, type] = {
     ChainArithmetic.name: ChainArithmetic,

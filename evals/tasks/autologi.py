@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.graphs.task import TaskInstance
 
 _ASSIGNMENT = re.compile(r"([A-Z])\s*=\s*(\d+)")
 

@@ -22,8 +22,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.graphs.task import TaskInstance
 
 DOMAIN_PDDL = """
 (define (domain blocksworld-4ops)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 
-from teamtr.evals.task import TaskInstance
+from teamtr.graphs.task import TaskInstance
 
 _INTEGER = re.compile(r"-?\d+")
 

@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.graphs.task import TaskInstance
 
 _EXPRESSION = re.compile(r"[\d+\-*/() ]+")
 _BINARY_OPS = {

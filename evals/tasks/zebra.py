@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any
 
-from teamtr.evals.task import TaskInstance
 from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.graphs.task import TaskInstance
 
 # reasoning-gym clue class -> (compact operator, arity kind)
 _CLUE_SYMBOLS = {

@@ -1,4 +1,8 @@
-"""What a task family is: a seeded generator with difficulty knobs and an exact verifier."""
+"""What a task family is: a seeded generator with difficulty knobs and an exact verifier.
+
+The data contract between the graph layer (a team runs a `TaskInstance`, a verifier scores it) and the task
+families in evals/ that implement it.
+"""
 
 from __future__ import annotations
 

@@ -39,10 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
+from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
-from teamtr.serving.engine import DEFAULT_BASE
 from teamtr.serving.registry import AdapterRegistry, version_dirs
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
 
