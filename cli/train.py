@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from teamtr.training.config import TrainConfig
-from teamtr.training.trainer import Callbacks
+from teamtr.training.progress import TrainingProgress
 
 app = typer.Typer()
 console = Console()
@@ -30,7 +30,7 @@ def update_line(r: dict[str, Any]) -> str:
     )
 
 
-class RichCallbacks(Callbacks):
+class RichCallbacks(TrainingProgress):
     """Progress bars for stage, role, rollouts and epochs; one printed line per update."""
 
     def __init__(self, progress: Progress, roles_per_stage: int) -> None:

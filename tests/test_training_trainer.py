@@ -141,9 +141,10 @@ def test_every_accepted_update_is_inside_the_trust_region(tiny_model, tmp_path):
 def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path):
     from teamtr.evals.tasks import get_task
     from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.training.llm_team import LLMStageTeam, RunState
     from teamtr.training.metrics import MetricsLog
+    from teamtr.training.progress import TrainingProgress
     from teamtr.training.stage import UpdateContext
-    from teamtr.training.trainer import Callbacks, LLMStageTeam, RunState
 
     cfg = small_config(
         tiny_model, tmp_path / "run", **{"optim.lr": 0.5, "trust_region.delta": 1e-9, "trust_region.max_backtracks": 1,
@@ -155,20 +156,23 @@ def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path
         tiny_model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1
     )
     team = LLMStageTeam(cfg, engine, roles, get_task("test-digit-start"), MetricsLog(tmp_path / "run", tensorboard=False),
-                        RunState(), tmp_path / "run", Callbacks())  # fmt: skip
+                        RunState(), tmp_path / "run", TrainingProgress())  # fmt: skip
     batch = team.rollout(0, 0)
     # give the optimizer state first, so that restoring it is part of what is checked
     first = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
     before = {k: p.detach().clone() for k, p in engine.adapter_parameters("adder1").items()}
     opt_before = {id_: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
-                  for id_, s in team.optimizers["adder1"].state_dict()["state"].items()}  # fmt: skip
+                  for id_, s in team.policies["adder1"].optimizer.state_dict()["state"].items()}  # fmt: skip
     version = engine.adapter_version("adder1")
-    record = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
-    assert not record["accepted"] and len(record["attempts"]) == 2 and first is not record
+    rejected = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
+    assert not rejected.accepted and len(rejected.record["attempts"]) == 2 and first is not rejected
+    # a rejected update did not move the policy: no surrogate improvement, no KL, no version bump
+    assert rejected.certificate.surrogate == 0.0 and rejected.record["d_hat"] == 0.0
+    assert rejected.record["version_after"] == version
     assert engine.adapter_version("adder1") == version
     for k, p in engine.adapter_parameters("adder1").items():
         assert torch.equal(p.detach(), before[k]), k
-    opt_after = team.optimizers["adder1"].state_dict()["state"]
+    opt_after = team.policies["adder1"].optimizer.state_dict()["state"]
     for id_, s in opt_before.items():
         for k, v in s.items():
             assert torch.equal(opt_after[id_][k], v)

@@ -1,4 +1,4 @@
-"""ADV step of Algorithm 1: bounded group-normalised advantages (TEAMTR.md section 3).
+"""ADV step of Algorithm 1: bounded group-normalised advantages (docs/training.md, "Advantages").
 
 For the G episodes of one prompt with team returns R_1..R_G:
 
@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from teamtr.training.config import LossConfig
 
 
 @dataclass
@@ -84,3 +86,18 @@ def batch_normalised_advantages(
 ) -> Advantages:
     """PPO-style baseline without groups: the whole batch is one group."""
     return group_normalised_advantages(rewards, ["batch"] * len(rewards), adv_clip=adv_clip, eps=eps)
+
+
+def advantages_for(rewards: Sequence[float], groups: Sequence[str], loss: LossConfig) -> Advantages:
+    """The advantage estimator `loss.kind` uses: one group per prompt, or (ppo) the whole batch."""
+    if loss.kind == "ppo":  # no groups: the batch mean is the baseline
+        return batch_normalised_advantages(rewards, adv_clip=loss.adv_clip, eps=loss.adv_eps)
+    return group_normalised_advantages(
+        rewards,
+        groups,
+        adv_clip=loss.adv_clip,
+        eps=loss.adv_eps,
+        normalise=loss.group_normalise,
+        clip=loss.clip_advantages,
+        drop_zero_spread=bool(loss.dynamic_sampling),
+    )

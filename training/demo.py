@@ -20,7 +20,8 @@ from teamtr.evals.tasks import get_task
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
-from teamtr.training.trainer import Callbacks, Trainer, evaluate, load_roles, with_temperature
+from teamtr.training.progress import TrainingProgress
+from teamtr.training.trainer import Trainer, held_out_return, load_roles, with_temperature
 
 # The demo's settings (examples/demo.yaml holds the same): chosen on this 2-core machine so that the
 # whole demo, warm start included, stays within 10 minutes.
@@ -45,7 +46,7 @@ def final_accuracy(engine: EmbeddedEngine, cfg: TrainConfig) -> dict[str, Any]:
     task = get_task(cfg.task.name, **cfg.task.options)
     tasks = task.generate(cfg.eval.final_episodes, seed=cfg.task.eval_seed)
     team = Team.from_engine(with_temperature(roles, cfg.eval.temperature), engine, name="eval")
-    return evaluate(team, task, tasks, seed=derive_seed(cfg.seed, "final-eval"))
+    return held_out_return(team, task, tasks, seed=derive_seed(cfg.seed, "final-eval"))
 
 
 def warm_start_engine(cfg: TrainConfig, model_path: str) -> EmbeddedEngine:
@@ -53,7 +54,7 @@ def warm_start_engine(cfg: TrainConfig, model_path: str) -> EmbeddedEngine:
     return EmbeddedEngine(model_path, adapters={r.adapter: None for r in roles}, threads=cfg.torch_threads)
 
 
-def train_and_evaluate(cfg: TrainConfig, callbacks: Callbacks | None = None) -> dict[str, Any]:
+def train_and_evaluate(cfg: TrainConfig, callbacks: TrainingProgress | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer = Trainer(cfg, callbacks)
     summary = trainer.train()

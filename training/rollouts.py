@@ -68,7 +68,7 @@ class RoleMessages:
         )
 
 
-def role_messages(
+def messages_of_role(
     batch: RolloutBatch,
     role: str,
     advantages: Advantages,

@@ -6,7 +6,8 @@ the LLM teams of the trainer plug into the same loop through `StageTeam`.
       for i in 1..n:  j = sigma(i)
         ROLLOUT   under the current intermediate team pi^(i-1)        (schedule decides: fresh or stale)
         OPTIMISE  agent j inside its trust region on that batch; swap j's accepted weights in
-      LOG stage certificate
+                  (one update: training/teamtr_step.py `teamtr_step` for LLM teams)
+      LOG stage certificate C = sum_i term_i                          (StageRecord.certificate)
 
 The schedule is a parameter, not a copy per variant:
   teamtr                resample after every update (intermediate occupancy)
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
+
+from teamtr.training.certificate import CertificateTerm, stage_certificate
 
 Batch = TypeVar("Batch")
 
@@ -63,26 +66,44 @@ class UpdateContext(Generic[Batch]):
     fresh_batch: Batch | None = None  # rollouts of pi^(i-1), when available (stale-gap diagnostic)
 
 
+class Update(Protocol):
+    """What `StageTeam.update` returns: at least the update's term of the stage certificate."""
+
+    @property
+    def certificate(self) -> CertificateTerm | None:
+        """term_i (docs/training.md, "Certificate and diagnostics"); None for a team that logs none."""
+        ...
+
+
+U = TypeVar("U", bound=Update)
+
+
 @dataclass
-class StageRecord:
+class StageRecord(Generic[U]):
     stage: int
     order: list[str]
-    updates: list[Any] = field(default_factory=list)  # what StageTeam.update returned, in order
+    updates: list[U] = field(default_factory=list)  # what StageTeam.update returned, in order
     rollouts: int = 0  # rollout batches sampled this stage
+    certificate: float | None = None  # C_stage = sum_i term_i; None when the team logs no terms
 
 
-class StageTeam(Protocol[Batch]):
+def _stage_certificate(updates: list[U]) -> float | None:
+    terms = [u.certificate for u in updates]
+    return None if any(t is None for t in terms) else stage_certificate(terms)
+
+
+class StageTeam(Protocol[Batch, U]):
     """A team that Algorithm 1 can train: tabular (exact) or LLM (sampled)."""
 
     def rollout(self, stage: int, index: int) -> Batch:
         """A batch of episodes of the current (intermediate) team."""
         ...
 
-    def update(self, ctx: UpdateContext[Batch]) -> Any:
+    def update(self, ctx: UpdateContext[Batch]) -> U:
         """Optimise ctx.role on ctx.batch inside its trust region; swap the accepted weights in."""
         ...
 
-    def update_joint(self, stage: int, roles: list[str], batch: Batch) -> list[Any]:
+    def update_joint(self, stage: int, roles: list[str], batch: Batch) -> list[U]:
         """Update all roles at once from the same pi^0 batch; swap all accepted weights in."""
         ...
 
@@ -98,8 +119,8 @@ def stage_order(roles: list[str], order: OrderKind, rng: random.Random) -> list[
 
 
 def run_stage(
-    team: StageTeam[Batch], roles: list[str], cfg: ScheduleConfig, stage: int, rng: random.Random
-) -> StageRecord:
+    team: StageTeam[Batch, U], roles: list[str], cfg: ScheduleConfig, stage: int, rng: random.Random
+) -> StageRecord[U]:
     """Algorithm 1, one stage. The schedule only decides which batch each update sees."""
     sigma = stage_order(roles, cfg.order, rng)
     record = StageRecord(stage=stage, order=sigma)
@@ -108,6 +129,7 @@ def run_stage(
     record.rollouts += 1
     if cfg.kind == "joint":
         record.updates = team.update_joint(stage, sigma, stage_start_batch)
+        record.certificate = _stage_certificate(record.updates)
         return record
 
     batch, fresh = stage_start_batch, True
@@ -131,4 +153,5 @@ def run_stage(
             fresh_batch=fresh_batch,
         )
         record.updates.append(team.update(ctx))
+    record.certificate = _stage_certificate(record.updates)  # LOG: C = sum_i term_i
     return record

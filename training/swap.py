@@ -64,7 +64,7 @@ from teamtr.training.checkpoint import (
 )
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import METRICS_FILE, MetricsLog
-from teamtr.training.trainer import evaluate, load_roles, with_bases, with_temperature
+from teamtr.training.trainer import held_out_return, load_roles, with_bases, with_temperature
 
 Divergence = Literal["auto", "token", "text"]
 Target = Literal["incumbent", "mixture"]
@@ -552,7 +552,7 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None 
     eval_seed = derive_seed(train_cfg.seed, "eval")
 
     def team_return(rs: list[Role]) -> dict[str, Any]:
-        return evaluate(
+        return held_out_return(
             Team.from_engine(with_temperature(rs, train_cfg.eval.temperature), engine),
             task,
             eval_tasks,

@@ -1,4 +1,4 @@
-"""MONITOR step: keep each update inside its KL trust region (TEAMTR.md section 2, Decision).
+"""MONITOR step: keep each update inside its KL trust region (docs/training.md, "Trust region").
 
     adaptive beta   after an update, beta *= factor if d_hat > 1.5 delta; beta /= factor if d_hat < delta/1.5
     early stop      the inner epochs stop as soon as the running d_hat exceeds delta (inside `attempt`)
@@ -6,7 +6,8 @@
                     exactly) and retried with lr / 2 and beta * 2, at most K times; then it is rejected and
                     the agent keeps its old weights
 
-The enforcement is generic: it sees an `attempt(lr, beta) -> d_hat` callable and a snapshot/restore pair.
+The enforcement is generic: it sees an `attempt(lr, beta) -> AttemptResult` callable and a snapshot/restore
+pair; the accepted attempt comes back in the outcome, with whatever the caller measured in it.
 """
 
 from __future__ import annotations
@@ -32,9 +33,18 @@ class AttemptLog:
 
 
 @dataclass
+class AttemptResult:
+    d_hat: float  # on the update's whole batch, after the last inner step
+    epochs_run: int
+    early_stopped: bool
+    new_logp: torch.Tensor | None = None  # log pi_new of the batch's tokens at the attempt's final weights
+
+
+@dataclass
 class TrustRegionOutcome:
     accepted: bool
     d_hat: float  # of the accepted attempt (0.0 when rejected: the policy did not move)
+    accepted_attempt: AttemptResult | None = None  # None when rejected (the weights were restored)
     attempts: list[AttemptLog] = field(default_factory=list)
     left_region: bool = False  # the first attempt ended outside delta (paper's "left the region")
     beta_next: float = 0.0  # the penalty the agent's next update starts from
@@ -42,13 +52,6 @@ class TrustRegionOutcome:
     @property
     def backtracks(self) -> int:
         return max(len(self.attempts) - 1, 0)
-
-
-@dataclass
-class AttemptResult:
-    d_hat: float  # on the update's whole batch, after the last inner step
-    epochs_run: int
-    early_stopped: bool
 
 
 class AdapterState:
@@ -109,7 +112,7 @@ def enforce_trust_region(
         if k == 0:
             outcome.left_region = result.d_hat > cfg.delta
         if inside:
-            outcome.accepted, outcome.d_hat = True, result.d_hat
+            outcome.accepted, outcome.d_hat, outcome.accepted_attempt = True, result.d_hat, result
             outcome.beta_next = next_beta(beta, result.d_hat, cfg)
             return outcome
         restore()  # undo exactly, then retry a smaller step

@@ -1,0 +1,253 @@
+"""The `StageTeam` of an LLM team: what training/stage.py `run_stage` drives for `teamtr train`.
+
+One `EmbeddedEngine` (one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
+AdamW), rollouts through the team's LangGraph graph. `update` is a thin adapter around the per-agent
+step (training/teamtr_step.py): it replays updates a resumed run already completed, measures the
+diagnostics around the step (training/diagnostics.py), saves the accepted adapter, logs the update
+record and hands over to the trainer's checkpoint. The schedule (teamtr / naive / joint /
+resample_every / importance_weighting) only changes which batch `update` receives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from teamtr.graphs.roles import Role
+from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.graphs.team import Team, derive_seed
+from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.training.certificate import CertificateTerm
+from teamtr.training.checkpoint import adapter_dir, save_peft_adapter
+from teamtr.training.config import TrainConfig
+from teamtr.training.diagnostics import (
+    StaleGap,
+    ess_fraction,
+    importance_weights,
+    logprob_gap,
+    occupancy_divergence,
+    turn_versions,
+)
+from teamtr.training.metrics import MetricsLog
+from teamtr.training.policy import AdapterPolicy
+from teamtr.training.progress import TrainingProgress
+from teamtr.training.rollouts import RolloutBatch
+from teamtr.training.stage import UpdateContext
+from teamtr.training.teamtr_step import StepResult, teamtr_step
+
+
+def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
+    return [
+        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
+        for r in roles
+    ]
+
+
+@dataclass
+class RunState:
+    """Counters that a checkpoint carries."""
+
+    step: int = 0  # updates completed in the whole run
+    train_tokens: int = 0  # completion tokens of rollouts used for training
+    diagnostic_tokens: int = 0  # completion tokens sampled only for the stale-gap diagnostic
+    betas: dict[str, float] = field(default_factory=dict)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # held-out return before stage 0, after each
+    stage_certificates: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class LoggedUpdate:
+    """What `LLMStageTeam.update` returns: the update's metrics record and its certificate term."""
+
+    record: dict[str, Any]  # the "update" record of metrics.jsonl
+
+    @property
+    def certificate(self) -> CertificateTerm:
+        return CertificateTerm(
+            **{f.name: self.record["certificate"][f.name] for f in dataclasses.fields(CertificateTerm)}
+        )
+
+    @property
+    def accepted(self) -> bool:
+        return bool(self.record["accepted"])
+
+
+class LLMStageTeam:
+    """`StageTeam[RolloutBatch, LoggedUpdate]` for a LangGraph team of LLM roles on an embedded engine."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        engine: EmbeddedEngine,
+        roles: list[Role],
+        task: TaskFamily,
+        metrics: MetricsLog,
+        state: RunState,
+        run_dir: Path,
+        progress: TrainingProgress,
+    ) -> None:
+        self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
+        self.run_dir, self.progress = run_dir, progress
+        self.roles = {r.name: r for r in roles}
+        self.team = Team.from_engine(with_temperature(roles, cfg.rollout.temperature), engine, name="train")
+        self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
+        for r in roles:
+            params = engine.adapter_parameters(r.adapter, r.base_model)
+            optimizer = torch.optim.AdamW(
+                list(params.values()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+            )
+            self.policies[r.adapter] = AdapterPolicy(engine, r.adapter, r.base_model, params, optimizer)
+            self.state.betas.setdefault(r.name, cfg.trust_region.beta_init)
+        self.stage_start_weights: dict[str, dict[str, torch.Tensor]] = {}  # pi^0 of the current stage
+        self.stage_batches: dict[str, RolloutBatch] = {}  # this stage's batches (checkpointed)
+        self.replay_updates: dict[tuple[int, int, str], dict[str, Any]] = {}  # resumed: already done
+        self.done_updates: list[dict[str, Any]] = []  # this stage's completed updates (checkpointed)
+        self.on_update_done: Callable[[], None] | None = None  # the trainer checkpoints here
+
+    # ---- ROLLOUT --------------------------------------------------------------------------------------
+    def stage_prompts(self, stage: int) -> list[TaskInstance]:
+        """The stage's prompt batch B (the same prompts for every update of the stage)."""
+        return self.task.generate(
+            self.cfg.rollout.prompts_per_update, seed=derive_seed(self.cfg.task.train_seed, stage)
+        )
+
+    def versions(self) -> dict[str, int]:
+        return {a: p.version() for a, p in self.policies.items()}
+
+    def rollout(self, stage: int, index: int) -> RolloutBatch:
+        """G episodes per prompt of the current intermediate team pi^index, through the team's graph."""
+        key = f"s{stage}-k{index}"
+        if key in self.stage_batches:  # resumed mid-stage: this batch was sampled before the interruption
+            return self.stage_batches[key]
+        if index == 0:  # stage start: remember pi^0 (occupancy divergence is measured against it)
+            self.stage_start_weights = {a: p.weights() for a, p in self.policies.items()}
+        trajectories = self.team.run(
+            self.stage_prompts(stage),
+            group_size=self.cfg.rollout.group_size,
+            verifier=self.task,
+            seed=derive_seed(self.cfg.seed, "rollout", stage, index),
+        )
+        sched = self.cfg.schedule
+        trains = index == 0 or (sched.kind == "teamtr" and index % sched.resample_every == 0)
+        batch = RolloutBatch(key, stage, index, trajectories, self.versions(), diagnostic=not trains)
+        if trains:
+            self.state.train_tokens += batch.completion_tokens
+        else:
+            self.state.diagnostic_tokens += batch.completion_tokens
+        self.stage_batches[key] = batch
+        self.progress.rollout(stage, index, len(trajectories))
+        return batch
+
+    # ---- one update: the step, with what is measured and kept around it -------------------------------
+    def update(self, ctx: UpdateContext[RolloutBatch]) -> LoggedUpdate:
+        done = self.replay_updates.get((ctx.stage, ctx.index, ctx.role))
+        if done is not None:  # resumed: this update completed before the interruption
+            return LoggedUpdate(done)
+        t0 = time.perf_counter()
+        role = self.roles[ctx.role]
+        policy = self.policies[role.adapter]
+        versions_before = self.versions()
+        # importance_weighting schedule: the stale batch of pi^0 reweighted towards pi^(i-1)
+        weights = importance_weights(ctx.batch, self.policies) if ctx.reweight else None
+        stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
+
+        step = teamtr_step(
+            ctx.batch,
+            ctx.role,
+            policy,
+            self.state.betas[ctx.role],
+            self.cfg,
+            minibatch_seed=lambda attempt: derive_seed(
+                self.cfg.seed, "minibatch", ctx.stage, ctx.index, attempt
+            ),
+            episode_weights=weights,
+            on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
+        )
+        self.state.betas[ctx.role] = step.region.beta_next
+        if step.accepted:  # the version `teamtr serve` loads
+            save_peft_adapter(
+                self.engine.model(policy.base),
+                policy.adapter,
+                adapter_dir(self.run_dir, ctx.role, step.version),
+            )
+
+        diagnostics = {
+            "clip_fraction": float(step.surrogate.clip_fraction),
+            "logprob_gap": logprob_gap(step.messages, step.old_logp),
+            "certificate": step.certificate.to_dict(),
+            "ess": ess_fraction(weights) if weights is not None else None,
+            **stale_gap.after(step, policy),
+            "occupancy_divergence": (
+                occupancy_divergence(
+                    ctx.fresh_batch, ctx.stage_start_batch, self.stage_start_weights, self.policies
+                )
+                if ctx.index >= 2 and ctx.fresh_batch is not None
+                else None
+            ),
+        }
+        self.state.step += 1
+        record = update_record(ctx, role, step, self.cfg, diagnostics, versions_before)
+        record.update(
+            train_tokens=self.state.train_tokens,
+            diagnostic_tokens=self.state.diagnostic_tokens,
+            seconds=time.perf_counter() - t0,
+        )
+        self.metrics.log("update", self.state.step, **record)
+        self.progress.update(record)
+        self.done_updates.append(record)
+        if self.on_update_done is not None:
+            self.on_update_done()
+        return LoggedUpdate(record)
+
+    def update_joint(self, stage: int, roles: list[str], batch: RolloutBatch) -> list[LoggedUpdate]:
+        """Joint baseline: every role updated from pi^0 on the same batch. A role's loss depends on its
+        own adapter only, so updating them one after the other on this batch is updating them at once."""
+        return [
+            self.update(UpdateContext(stage, i, role, batch, batch, fresh=True, reweight=False))
+            for i, role in enumerate(roles, start=1)
+        ]
+
+
+def update_record(
+    ctx: UpdateContext[RolloutBatch],
+    role: Role,
+    step: StepResult,
+    cfg: TrainConfig,
+    diagnostics: dict[str, Any],
+    versions_before: dict[str, int],
+) -> dict[str, Any]:
+    """The "update" record of metrics.jsonl (docs/training.md, "Run directory")."""
+    region, kl = step.region, step.kl
+    return {
+        "stage": ctx.stage,
+        "index": ctx.index,
+        "role": ctx.role,
+        "adapter": role.adapter,
+        "fresh": ctx.fresh,
+        "reward": float(ctx.batch.rewards.mean()),
+        "messages": len(step.messages),
+        "accepted": region.accepted,
+        "left_region": region.left_region,
+        "backtracks": region.backtracks,
+        "attempts": [dataclasses.asdict(a) for a in region.attempts],
+        "delta": cfg.trust_region.delta,
+        "d_hat": step.d_hat,
+        "kl_k1_message": float(kl.k1_message),
+        "kl_k1_token": float(kl.k1_token),
+        "kl_k3_message": float(kl.k3_message),
+        "kl_k3_token": float(kl.k3_token),
+        "beta": region.attempts[-1].beta,
+        "beta_next": region.beta_next,
+        **diagnostics,
+        "batch_key": ctx.batch.key,
+        "batch_versions": dict(ctx.batch.versions),
+        "batch_turn_versions": turn_versions(ctx.batch),
+        "versions_before": versions_before,
+        "version_after": step.version,
+    }

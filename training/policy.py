@@ -1,0 +1,67 @@
+"""pi_j of an LLM team: one role's LoRA adapter on the embedded engine, with the AdamW that updates it.
+
+What the per-agent step (training/teamtr_step.py) needs of a policy: log-probabilities of sampled tokens
+(with or without a gradient), an exact snapshot to undo an attempt, and a commit that swaps the accepted
+weights in (version bump: the next rollouts record the new version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.training.rollouts import RoleMessages, padded_logprobs
+from teamtr.training.trust_region import AdapterState
+
+SCORE_CHUNK = 64  # messages per forward pass when computing log-probs
+
+
+@dataclass
+class AdapterPolicy:
+    engine: EmbeddedEngine
+    adapter: str
+    base: str
+    params: dict[str, torch.nn.Parameter]
+    # one optimizer per adapter: a shared AdamW would move inactive adapters through their momentum
+    optimizer: torch.optim.Optimizer
+
+    def logp(self, msgs: RoleMessages, grad: bool) -> torch.Tensor:
+        """[M, T] log pi(x_u | s, x_<u) of msgs' completion tokens (padding 0)."""
+        if len(msgs) == 0:
+            return torch.zeros_like(msgs.mask)
+
+        def fn(p: list[list[int]], c: list[list[int]]) -> list[torch.Tensor]:
+            return self.engine.token_logprobs(p, c, self.adapter, self.base)
+
+        with torch.set_grad_enabled(grad):
+            return padded_logprobs(fn, msgs, SCORE_CHUNK)
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
+        """Per-message log-probs of completions at the current weights, without a gradient."""
+        out: list[torch.Tensor] = []
+        with torch.no_grad():
+            for s in range(0, len(prompts), SCORE_CHUNK):
+                out += self.engine.token_logprobs(
+                    prompts[s : s + SCORE_CHUNK], completions[s : s + SCORE_CHUNK], self.adapter, self.base
+                )
+        return out
+
+    def snapshot(self) -> Callable[[], None]:
+        """Save the LoRA tensors and the AdamW state; the returned function restores them bit for bit."""
+        return AdapterState(self.params, self.optimizer).save().restore
+
+    def version(self) -> int:
+        return self.engine.adapter_version(self.adapter, self.base)
+
+    def commit(self) -> int:
+        """Swap the current weights in as the role's next version; returns that version."""
+        return self.engine.commit_adapter_update(self.adapter, self.base)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self.engine.snapshot_adapter(self.adapter, self.base)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.engine.restore_adapter(self.adapter, weights, self.base)

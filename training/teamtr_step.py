@@ -1,0 +1,178 @@
+"""The per-agent step of Algorithm 1: update agent j = sigma(i) of the team on one rollout batch.
+
+`teamtr_step` reads top to bottom as the algorithm (docs/training.md maps each line to its equation):
+
+    ADV       A_g = clip((R_g - mean_G R) / sqrt(var_G R + eps), -A_clip, A_clip)
+    CACHE     log pi_cur of j's sampled tokens
+    OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages       `penalised_surrogate_epochs`
+    MONITOR   d_hat <= delta, else undo exactly, lr / 2, beta * 2 (at most K times; then reject)
+    CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma)
+    COMMIT    swap j's accepted weights in (version bump)
+
+Which batch the step sees (fresh pi^(i-1), or the stale one of pi^0) is the schedule's choice, made by
+training/stage.py `run_stage`; diagnostics, logging and resume bookkeeping are training/llm_team.py's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from teamtr.training.advantages import Advantages, advantages_for
+from teamtr.training.certificate import CertificateTerm, certificate_constant
+from teamtr.training.config import LossConfig, TrainConfig
+from teamtr.training.losses import (
+    KLEstimates,
+    Surrogate,
+    clipped_surrogate,
+    kl_estimates,
+    monitored_kl,
+    penalised_loss,
+)
+from teamtr.training.policy import AdapterPolicy
+from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
+from teamtr.training.trust_region import AttemptResult, TrustRegionOutcome, enforce_trust_region
+
+
+@dataclass
+class StepResult:
+    """What one update of agent j did, at the accepted (or, if rejected, restored) weights."""
+
+    advantages: Advantages
+    messages: RoleMessages  # j's M messages the update was optimised on
+    old_logp: torch.Tensor  # [M, T] log pi_cur
+    new_logp: torch.Tensor  # [M, T] log pi_new (= old_logp when rejected)
+    region: TrustRegionOutcome  # accepted or not, every attempt, the next beta
+    surrogate: Surrogate  # L_hat and the ratio clip's share at pi_new
+    kl: KLEstimates  # k1 / k3, per message / per token
+    d_hat: float  # the estimate the trust region constrains (eq. 11, or its k3 form)
+    certificate: CertificateTerm
+    version: int  # j's adapter version after the step (bumped iff accepted)
+
+    @property
+    def accepted(self) -> bool:
+        return self.region.accepted
+
+
+def teamtr_step(
+    batch: RolloutBatch,
+    role: str,
+    policy: AdapterPolicy,
+    beta: float,
+    cfg: TrainConfig,
+    *,
+    minibatch_seed: Callable[[int], int],
+    episode_weights: np.ndarray | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> StepResult:
+    """Update `role` (policy pi_j) on `batch` inside its KL trust region; commit it if accepted.
+
+    minibatch_seed(attempt) seeds the minibatch order of each attempt; episode_weights reweight a stale
+    batch towards the current team (importance_weighting schedule)."""
+    tr = cfg.trust_region
+    # ADV: bounded group-normalised advantage of every episode (eq. ADV)
+    adv = advantages_for(batch.rewards, batch.groups, cfg.loss)
+    # only j's tokens enter its loss; each of its messages carries its episode's A_g
+    msgs = messages_of_role(batch, role, adv, episode_weights)
+    # CACHE: log pi_cur(x_u | s, x_<u) by the trainer's own forward pass (the ratio's denominator)
+    old_logp = policy.logp(msgs, grad=False)
+
+    # OPTIMISE + MONITOR: epochs of -(L(w) - beta d_hat) (eq. 10); accepted iff d_hat <= delta (eq. 11),
+    # else the weights and AdamW state are restored and the attempt is retried with lr / 2, beta * 2
+    attempt_number = itertools.count(1)
+
+    def attempt(lr: float, beta: float) -> AttemptResult:
+        seed = minibatch_seed(next(attempt_number))
+        return penalised_surrogate_epochs(policy, msgs, old_logp, cfg, lr, beta, seed, on_epoch)
+
+    region = enforce_trust_region(attempt, policy.snapshot, tr, cfg.optim.lr, beta)
+    # pi_new: the accepted attempt's weights; a rejected update restored pi_cur bit for bit
+    new_logp = region.accepted_attempt.new_logp if region.accepted_attempt is not None else old_logp
+
+    with torch.no_grad():  # L_hat = mean[min(w A, clip(w) A)] - mean[A], and the KL estimates, at pi_new
+        sur = surrogate(new_logp, old_logp, msgs, cfg.loss)
+        kl = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
+    d_hat = float(monitored_kl(kl, tr.estimator, tr.per_token))
+    # CERTIFY: term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma)
+    term = CertificateTerm(
+        surrogate=float(sur.improvement),
+        d_hat=d_hat,
+        zeta_clip=adv.zeta_clip,
+        zeta_ratio=float(sur.zeta_ratio),
+        zeta_norm=adv.zeta_norm,
+        c=certificate_constant(cfg.certificate.gamma, adv.a_max),
+        gamma=cfg.certificate.gamma,
+    )
+    # COMMIT: swap j's accepted weights in; the next rollouts record the new version
+    version = policy.commit() if region.accepted else policy.version()
+    return StepResult(adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version)
+
+
+def penalised_surrogate_epochs(
+    policy: AdapterPolicy,
+    msgs: RoleMessages,
+    old_logp: torch.Tensor,
+    cfg: TrainConfig,
+    lr: float,
+    beta: float,
+    seed: int,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> AttemptResult:
+    """One attempt: inner epochs over minibatches of j's messages, early stop once d_hat exceeds delta.
+
+    The running d_hat of an epoch is the weighted mean of its minibatches' estimates (each taken just
+    before that minibatch's step); the d_hat that decides acceptance is measured on the whole batch
+    after the last step, and comes back with log pi_new of the whole batch."""
+    tr = cfg.trust_region
+    for group in policy.optimizer.param_groups:
+        group["lr"] = lr
+    gen = torch.Generator().manual_seed(seed)
+    epochs_run, early_stopped = 0, False
+    for epoch in range(1, cfg.optim.epochs + 1):
+        running, seen = 0.0, 0.0
+        for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
+            mb = msgs.subset(idx)
+            new_logp = policy.logp(mb, grad=True)
+            sur = surrogate(new_logp, old_logp[idx], mb, cfg.loss)
+            kl = kl_estimates(new_logp, old_logp[idx], mb.mask, mb.weight)
+            loss = penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)  # -(eq. 10)
+            policy.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
+            policy.optimizer.step()
+            w = float(mb.weight.sum())
+            running += w * float(monitored_kl(kl, tr.estimator, tr.per_token).detach())
+            seen += w
+        epochs_run = epoch
+        d_running = running / max(seen, 1e-12)
+        if on_epoch is not None:
+            on_epoch(epoch, d_running)
+        if tr.enabled and tr.early_stop and d_running > tr.delta:
+            early_stopped = True
+            break
+    with torch.no_grad():  # MONITOR on the whole batch (eq. 11)
+        new_logp = policy.logp(msgs, grad=False)
+        kl_all = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
+    d_hat = float(monitored_kl(kl_all, tr.estimator, tr.per_token))
+    return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped, new_logp=new_logp)
+
+
+def surrogate(
+    new_logp: torch.Tensor, old_logp: torch.Tensor, msgs: RoleMessages, loss: LossConfig
+) -> Surrogate:
+    """The clipped surrogate of `loss.kind` on msgs (message-level ratio for teamtr, per token otherwise)."""
+    return clipped_surrogate(
+        new_logp,
+        old_logp,
+        msgs.mask,
+        msgs.adv,
+        clip_eps=loss.clip_eps,
+        clip_eps_high=float(loss.clip_eps_high),
+        message_ratio=loss.message_ratio,
+        token_level_aggregation=loss.token_level_aggregation,
+        weight=msgs.weight,
+    )
