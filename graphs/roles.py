@@ -27,10 +27,6 @@ class Role:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
             raise ValueError(f"role name {self.name!r}: use letters, digits, '-' and '_'")
 
-    @property
-    def adapter_name(self) -> str | None:
-        return self.adapter
-
 
 def role_messages(role: Role, task: str, transcript: list[tuple[str, str]]) -> list[BaseMessage]:
     """The context role `role` acts on: its system prompt, the task, then every message so far.

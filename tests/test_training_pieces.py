@@ -1,4 +1,4 @@
-"""The algorithm's pieces against hand-computed values (TEAMTR.md sections 2-4)."""
+"""The algorithm's pieces against hand-computed values (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -100,11 +100,32 @@ def test_kl_estimators_k1_and_k3_by_hand():
         return math.exp(log_r) - 1 - log_r
 
     assert kl.k3_message.item() == pytest.approx(((k3(-0.2) + k3(0.1)) + k3(0.1)) / 2, rel=1e-5)
-    assert kl.k3_token.item() >= 0
+    assert kl.k3_token.item() == pytest.approx((k3(-0.2) + k3(0.1) + k3(0.1)) / 3, rel=1e-5)
     # eq. 10 as a loss: -(surrogate - beta * d_hat)
     s = clipped_surrogate(new, old, mask, torch.ones(2), clip_eps=0.2, clip_eps_high=0.2, message_ratio=True)
     loss = penalised_loss(s, kl, beta=3.0)
     assert loss.item() == pytest.approx(-(s.objective.item() - 3.0 * kl.k1_message.item()), rel=1e-6)
+
+
+def test_k3_is_its_closed_form_and_zero_exactly_when_the_policies_agree():
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 5, generator=gen) * 3
+    new = old + torch.randn(4, 5, generator=gen) * 0.3
+    mask = torch.ones(4, 5)
+    mask[2, 3:] = 0.0  # a shorter message: padding must not count
+    log_r = (new - old).double().numpy()
+    per_token = (np.exp(log_r) - 1.0 - log_r) * mask.numpy()  # (r - 1) - log r, r = pi_new / pi_cur
+    kl = kl_estimates(new, old, mask)
+    assert kl.k3_message.item() == pytest.approx(per_token.sum(1).mean(), rel=1e-5)
+    assert kl.k3_token.item() == pytest.approx(per_token.sum() / mask.sum().item(), rel=1e-5)
+    agree = kl_estimates(old, old, mask)
+    assert agree.k3_message.item() == 0.0 and agree.k3_token.item() == 0.0
+    one_token_moved = old.clone()
+    one_token_moved[1, 2] += 0.05  # pi_new differs from pi_cur on a single sampled token
+    assert kl_estimates(one_token_moved, old, mask).k3_message.item() > 0.0
+    padding_moved = old.clone()
+    padding_moved[2, 4] += 5.0  # a padded position is no token: the policies still agree
+    assert kl_estimates(padding_moved, old, mask).k3_message.item() == 0.0
 
 
 def test_surrogate_is_zero_improvement_at_the_old_policy():
@@ -172,6 +193,10 @@ def test_backtracking_accepts_a_smaller_step_inside_delta():
     assert lrs == [1.0, 0.5, 0.25]
     assert out.d_hat <= cfg.delta
     assert torch.allclose(param.detach(), torch.full((3,), 0.25))
+    # the accepted attempt's own result comes back (what the step reads pi_new's log-probs from)
+    assert (
+        out.accepted_attempt is not None and out.accepted_attempt.d_hat == out.d_hat == out.attempts[-1].d_hat
+    )
 
 
 def test_rejected_update_restores_weights_and_optimizer_bit_identically():
@@ -185,7 +210,7 @@ def test_rejected_update_restores_weights_and_optimizer_bit_identically():
     attempt, snapshot = _toy_update(param, opt, lrs)
     cfg = TrainConfig().trust_region.model_copy(update={"delta": 1e-9, "max_backtracks": 2})
     out = enforce_trust_region(attempt, snapshot, cfg, lr=0.1, beta=1.0)
-    assert not out.accepted and len(out.attempts) == 3
+    assert not out.accepted and len(out.attempts) == 3 and out.accepted_attempt is None
     assert torch.equal(param.detach(), before)
     for k, v in state_before.items():
         assert torch.equal(opt.state[param][k], v)

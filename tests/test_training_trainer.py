@@ -97,6 +97,22 @@ def test_teamtr_resamples_after_every_update(tiny_model, tmp_path):
     assert all(u["batch_turn_versions"] == {a: [v] for a, v in u["versions_before"].items()} for u in updates)
 
 
+def test_stage_certificate_is_the_sum_of_its_update_terms(tiny_model, tmp_path):
+    cfg = small_config(tiny_model, tmp_path / "run", stages=2)
+    train(cfg)
+    updates, stages = read_metrics(cfg.run_dir, "update"), read_metrics(cfg.run_dir, "stage")
+    assert [s["stage"] for s in stages] == [0, 1]
+    for s in stages:
+        terms = [u["certificate"]["value"] for u in updates if u["stage"] == s["stage"]]
+        assert len(terms) == 3 and s["certificate"] == sum(terms)
+        assert s["realised_improvement"] == s["eval_after"] - s["eval_before"]
+    for u in updates:  # each term is L_hat - c sqrt(max(d_hat, 0)) - zeta_hat / (1 - gamma) of its update
+        c = u["certificate"]
+        assert c["d_hat"] == u["d_hat"]
+        expected = c["surrogate"] - c["c"] * max(c["d_hat"], 0.0) ** 0.5 - c["zeta"] / (1 - c["gamma"])
+        assert c["value"] == pytest.approx(expected, abs=1e-12)
+
+
 def test_naive_reuses_the_stage_start_batch(tiny_model, tmp_path):
     updates = train(
         small_config(

@@ -1,8 +1,8 @@
-"""The certificate proxy (TEAMTR.md section 4), per update and per stage.
+"""The certificate proxy (docs/training.md, "Certificate and diagnostics"), per update and per stage.
 
     c          = sqrt(2) * gamma * A_max / (1 - gamma)^2
-    term_i     = L_hat_i - c * sqrt(d_hat_i) - zeta_hat_i / (1 - gamma)          (Thm 3.4)
-    C_stage    = sum_i term_i                                                    (Thm 3.6)
+    term_i     = L_hat_i - c * sqrt(d_hat_i) - zeta_hat_i / (1 - gamma)      (Thm 3.4, docs/theory.md)
+    C_stage    = sum_i term_i                   (Thm 3.6; summed by training/stage.py `run_stage`)
     zeta_hat_i = zeta_clip + zeta_ratio + zeta_norm
 
 With gamma near 1 the absolute bound is vacuous; it is logged as a diagnostic, and its rank correlation

@@ -56,13 +56,12 @@ class RolloutConfig(_Strict):
     prompts_per_update: int = Field(16, ge=1)  # B
     group_size: int = Field(8, ge=2)  # G: episodes per prompt (group-normalised advantages need >= 2)
     temperature: float = Field(1.0, gt=0)  # behaviour policy = pi at this temperature
-    max_new_tokens: int = Field(16, ge=1)
 
 
 class LossConfig(_Strict):
     """The surrogate and the advantage estimator.
 
-    teamtr  message-level ratio exp(sum_u log pi_new/pi_cur), mean over messages (TEAMTR.md eq. 10)
+    teamtr  message-level ratio exp(sum_u log pi_new/pi_cur), mean over messages (docs/training.md eq. 10)
     ppo     per-token ratio, token mean per message, batch-normalised advantages (no groups)
     grpo    per-token ratio, token mean per message, group-normalised advantages
     dapo    per-token ratio, clip-higher (eps_high 0.28), drop zero-spread groups, token-level mean
@@ -120,8 +119,8 @@ class TrustRegionConfig(_Strict):
     # Which estimate of KL(pi_cur || pi_new) over the sampled tokens is constrained and penalised:
     # k3 = (r - 1) - log r, r = pi_new / pi_cur (>= 0 per token; its gradient is zero at pi_new = pi_cur);
     # k1 = log pi_cur - log pi_new, eq. 11 literally. Both have the right expectation, but on the tokens an
-    # update was fitted on, k1 goes negative while the policy moves far (measured: k1 -0.10 with k3 0.18
-    # after one update), and as a penalty its gradient raises the probability of the sampled tokens.
+    # update was fitted on, k1 goes negative while the policy moves far (docs/training.md, "Trust region"),
+    # and as a penalty its gradient raises the probability of the sampled tokens.
     # Both are logged for every update whichever is chosen.
     estimator: Literal["k1", "k3"] = "k3"
     penalty: Literal["adaptive", "fixed", "none"] = "adaptive"

@@ -1,4 +1,4 @@
-"""OPTIMISE step: the clipped surrogate (TEAMTR.md eq. 10) and the token KL estimates (eq. 11).
+"""OPTIMISE step: the clipped surrogate (eq. 10) and the token KL estimates (eq. 11) of docs/training.md.
 
 All functions take padded [M, T] tensors over the updated agent's M messages:
     new_logp  log pi_new(x_u | s, x_<u)   (with grad)

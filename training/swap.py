@@ -1,4 +1,4 @@
-"""Plug-and-play role replacement: Stage-0 alignment of a newcomer model (TEAMTR.md section 6).
+"""Plug-and-play role replacement: Stage-0 alignment of a newcomer model (docs/swap.md).
 
     teamtr swap RUN_DIR --role R --model PATH [--out NEW_RUN_DIR] [--probes 500] [--delta0 0.01]
 
@@ -72,7 +72,7 @@ Target = Literal["incumbent", "mixture"]
 
 @dataclass
 class SwapConfig:
-    """What `teamtr swap` does. Defaults follow TEAMTR.md section 6 (500 probes, delta_0 = 0.01)."""
+    """What `teamtr swap` does. Defaults follow docs/swap.md (500 probes, delta_0 = 0.01)."""
 
     role: str  # the role whose model is replaced
     model: str  # the newcomer: a model directory (weights + its own tokenizer)

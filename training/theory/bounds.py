@@ -1,4 +1,4 @@
-"""The TeamTR bounds (TEAMTR.md section 4) in the form that holds for a finite-horizon layered team, and
+"""The TeamTR bounds (docs/theory.md) in the form that holds for a finite-horizon layered team, and
 their exact check on the records of one sequential stage.
 
 Constants (derived in docs/theory.md; zeta = 0 because advantages are exact):

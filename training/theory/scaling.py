@@ -1,4 +1,4 @@
-"""The scaling study (TEAMTR.md section 7): how the price of stale rollouts grows with the team size n.
+"""The scaling study (docs/theory.md): how the price of stale rollouts grows with the team size n.
 
 For every n and seed: one chain team (`chain_instance`, two rounds of round-robin turns, warm-started),
 trained from the same initial team for `stages` stages under each schedule through the shared stage loop.
@@ -42,7 +42,7 @@ class ScalingConfig:
     agents: list[int] = field(default_factory=lambda: list(range(2, 9)))  # n = 2..8, as in the paper
     seeds: int = 5
     stages: int = 3  # K
-    delta: float = 0.01  # per-message KL radius (TEAMTR.md's default)
+    delta: float = 0.01  # per-message KL radius (the paper's default)
     rounds: int = 2  # each agent speaks `rounds` times per episode (T = rounds * n)
     messages: int = 3
     flavours: int = 2
