@@ -7,7 +7,7 @@ the LLM teams of the trainer plug into the same loop through `StageTeam`.
         ROLLOUT   under the current intermediate team pi^(i-1)        (schedule decides: fresh or stale)
         OPTIMISE  agent j inside its trust region on that batch; swap j's accepted weights in
                   (one update: training/teamtr_step.py `teamtr_step` for LLM teams)
-      LOG stage certificate C = sum_i term_i                          (StageRecord.certificate)
+      LOG stage certificate C = sum_i term_i  (docs/training.md (C))    (StageRecord.certificate)
 
 The schedule is a parameter, not a copy per variant:
   teamtr                resample after every update (intermediate occupancy)
@@ -153,5 +153,5 @@ def run_stage(
             fresh_batch=fresh_batch,
         )
         record.updates.append(team.update(ctx))
-    record.certificate = _stage_certificate(record.updates)  # LOG: C = sum_i term_i
+    record.certificate = _stage_certificate(record.updates)  # LOG (C): C = sum_i term_i
     return record

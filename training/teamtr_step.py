@@ -1,12 +1,13 @@
 """The per-agent step of Algorithm 1: update agent j = sigma(i) of the team on one rollout batch.
 
-`teamtr_step` reads top to bottom as the algorithm (docs/training.md maps each line to its equation):
+`teamtr_step` reads top to bottom as the algorithm; docs/training.md ("The per-agent step") maps each
+line to its equation, (A), (10), (11), (T) there:
 
-    ADV       A_g = clip((R_g - mean_G R) / sqrt(var_G R + eps), -A_clip, A_clip)
+    ADV       A_g = clip((R_g - mean_G R) / sqrt(var_G R + eps), -A_clip, A_clip)            (A)
     CACHE     log pi_cur of j's sampled tokens
-    OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages       `penalised_surrogate_epochs`
-    MONITOR   d_hat <= delta, else undo exactly, lr / 2, beta * 2 (at most K times; then reject)
-    CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma)
+    OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages                (10)
+    MONITOR   d_hat <= delta, else undo exactly, lr / 2, beta * 2 (at most K times; then reject)  (11)
+    CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma)                        (T)
     COMMIT    swap j's accepted weights in (version bump)
 
 Which batch the step sees (fresh pi^(i-1), or the stale one of pi^0) is the schedule's choice, made by
@@ -74,14 +75,14 @@ def teamtr_step(
     minibatch_seed(attempt) seeds the minibatch order of each attempt; episode_weights reweight a stale
     batch towards the current team (importance_weighting schedule)."""
     tr = cfg.trust_region
-    # ADV: bounded group-normalised advantage of every episode (eq. ADV)
+    # ADV (A): bounded group-normalised advantage of every episode, one group per prompt
     adv = advantages_for(batch.rewards, batch.groups, cfg.loss)
     # only j's tokens enter its loss; each of its messages carries its episode's A_g
     msgs = messages_of_role(batch, role, adv, episode_weights)
     # CACHE: log pi_cur(x_u | s, x_<u) by the trainer's own forward pass (the ratio's denominator)
     old_logp = policy.logp(msgs, grad=False)
 
-    # OPTIMISE + MONITOR: epochs of -(L(w) - beta d_hat) (eq. 10); accepted iff d_hat <= delta (eq. 11),
+    # OPTIMISE + MONITOR: epochs of -(L(w) - beta d_hat) (10); accepted iff d_hat <= delta (11),
     # else the weights and AdamW state are restored and the attempt is retried with lr / 2, beta * 2
     attempt_number = itertools.count(1)
 
@@ -97,7 +98,7 @@ def teamtr_step(
         sur = surrogate(new_logp, old_logp, msgs, cfg.loss)
         kl = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
     d_hat = float(monitored_kl(kl, tr.estimator, tr.per_token))
-    # CERTIFY: term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma)
+    # CERTIFY (T): term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma)
     term = CertificateTerm(
         surrogate=float(sur.improvement),
         d_hat=d_hat,
