@@ -17,6 +17,9 @@ from teamtr.training.certificate import (
 )
 from teamtr.training.config import TrainConfig, merge
 from teamtr.training.losses import clipped_surrogate, kl_estimates, penalised_loss
+from teamtr.training.stage import ScheduleConfig
+from teamtr.training.theory.env import chain_instance, chain_warm_logits
+from teamtr.training.theory.team import TabularTeam, train
 from teamtr.training.trust_region import AdapterState, AttemptResult, enforce_trust_region, next_beta
 
 torch.set_num_threads(1)
@@ -149,6 +152,17 @@ def test_certificate_arithmetic_by_hand():
     assert stage_certificate([t1, t2]) == pytest.approx(t1.value + t2.value)
     assert rank_correlation([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
     assert rank_correlation([1, 2], [1, 2]) is None
+
+
+def test_the_stage_loop_sums_no_certificate_for_an_exact_team():
+    # the exact tabular team logs exact quantities, not certificate terms: its stages carry none
+    rng = np.random.default_rng(0)
+    instance = chain_instance(3, rng, rounds=2)
+    (stage,) = train(
+        TabularTeam(instance, chain_warm_logits(instance, rng), 0.01), ScheduleConfig(), stages=1
+    )
+    assert len(stage.updates) == 3 and all(u.certificate is None for u in stage.updates)
+    assert stage.certificate is None
 
 
 def test_adaptive_beta():
