@@ -11,9 +11,9 @@ import openai
 import pytest
 import yaml
 from langchain_openai import ChatOpenAI
-from serving_fixtures import make_run_dir, write_versions
+from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 from teamtr.serving.registry import AdapterError
 
 API_KEY, ADMIN_KEY = "sk-test-key", "admin-test-key"
@@ -25,7 +25,7 @@ def served(tiny_model_dir, tmp_path_factory):
     run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=2)
     trajectories = []
     config = ServeConfig.from_run_dir(run, "chain", api_keys=[API_KEY], admin_key=ADMIN_KEY)
-    with BackgroundServer(config, on_trajectory=trajectories.append) as server:
+    with serve_in_background(config, on_trajectory=trajectories.append) as server:
         server.trajectories = trajectories
         yield server
 
@@ -329,7 +329,7 @@ def test_a_config_file_serves_several_teams_on_one_engine(tiny_model_dir, tmp_pa
         )
     )
     config = ServeConfig.from_yaml(config_file)
-    with BackgroundServer(config) as server:
+    with serve_in_background(config) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["chain", "duo"]
         duo = client.chat.completions.create(model="duo", messages=[{"role": "user", "content": "1+2+3"}])
@@ -350,7 +350,7 @@ def test_a_heterogeneous_run_serves_each_role_on_its_own_base(tiny_model_dir, tm
     cfg["team"].update(bases={"other": str(other)}, role_bases={"adder2": "other"})
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     recorded = []
-    with BackgroundServer(ServeConfig.from_run_dir(run, "chain"), on_trajectory=recorded.append) as server:
+    with serve_in_background(ServeConfig.from_run_dir(run, "chain"), on_trajectory=recorded.append) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         client.chat.completions.create(model="chain", messages=[{"role": "user", "content": TASK}])
         engine = server.server.engine

@@ -12,10 +12,10 @@ import pytest
 import torch
 from langchain_core.callbacks import AsyncCallbackHandler
 from safetensors.torch import load_file, save_file
-from serving_fixtures import ROLES, adapter_config, make_run_dir, write_versions
+from serving_fixtures import ROLES, adapter_config, make_run_dir, serve_in_background, write_versions
 from typer.testing import CliRunner
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 from teamtr.cli.serve import app as cli_app
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_roles
@@ -189,7 +189,7 @@ def test_admin_api_and_cli_push_list_rollback(tiny_model_dir, tmp_path):
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})
     runner = CliRunner()
-    with BackgroundServer(config) as server:
+    with serve_in_background(config) as server:
         env = {"TEAMTR_URL": server.url, "TEAMTR_ADMIN_KEY": "adm"}
         write_versions(tiny_model_dir, run, range(2, 3))
         result = runner.invoke(cli_app, ["adapters", "push", str(run), "--role", "adder2"], env=env)
