@@ -362,3 +362,28 @@ def test_a_heterogeneous_run_serves_each_role_on_its_own_base(tiny_model_dir, tm
         with pytest.raises(AdapterError, match="base model"):
             server.call(server.server.registry.push, "adder1", run / "adapters" / "adder2" / "v1", 9)
         assert server.server.registry.current_versions()["adder1"] == 1
+
+
+async def test_a_team_of_plain_chat_models_records_text_only_turns(served):
+    """A team whose role speaks through a plain LangChain chat model (ChatOpenAI on this very server):
+    its turn is the reply's text, attributed to the role's declared adapter and base at version 0, with
+    no tokens to train on (graphs/chat_model.py::turn_from_reply); the served episode has full turns."""
+    from teamtr.graphs.roles import Role
+    from teamtr.graphs.team import Team
+
+    role = Role("outer", "Add the numbers.", adapter="outer-adapter", base_model="other")
+    model = ChatOpenAI(base_url=served.url + "/v1", api_key=API_KEY, model="chain", max_retries=0)
+    before = len(served.trajectories)
+    trajectory = await Team([role], {"outer": model}).arun(TASK)
+    [inner] = served.trajectories[before:]
+    [turn] = trajectory.turns
+    assert turn.text == trajectory.final_answer == inner.final_answer
+    assert (turn.role, turn.adapter, turn.adapter_version, turn.base_model) == (
+        "outer",
+        "outer-adapter",
+        0,
+        "other",
+    )
+    assert turn.prompt_ids == turn.completion_ids == turn.logprobs == []
+    assert [t.role for t in inner.turns] == ["adder1", "adder2", "adder3"]
+    assert all(t.completion_ids and len(t.logprobs) == len(t.completion_ids) for t in inner.turns)
