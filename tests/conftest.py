@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ci_strict import pytest_runtest_makereport  # noqa: F401  (a hook: pytest finds it by name)
+from ci_strict import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (hooks, found by name)
 
 torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
 
