@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.episodes import Conversations, EpisodeRunner, ServedTeam, turn_info
+from teamtr.serving.episodes import Conversations, EpisodeResult, EpisodeRunner, ServedTeam, turn_info
 from teamtr.serving.errors import APIError
 from teamtr.serving.protocol import (
     ChatCompletionChunk,
@@ -119,14 +119,7 @@ class ChatCompletionService:
         return Completion(request, team, task, completion_id, conversation_id)
 
     async def complete(self, c: Completion) -> ChatCompletionResponse:
-        result = await self.runner.run(
-            c.request.model,
-            c.team,
-            c.task,
-            seed=c.request.seed,
-            completion_id=c.completion_id,
-            conversation_id=c.conversation_id,
-        )
+        result = await self._run(c)
         t = result.trajectory
         return ChatCompletionResponse(
             id=c.completion_id,
@@ -150,17 +143,7 @@ class ChatCompletionService:
         options = c.request.stream_options
         turns: asyncio.Queue[TurnInfo] = asyncio.Queue()
         on_turn = turns.put_nowait if options is not None and options.include_turns else None
-        episode = asyncio.create_task(
-            self.runner.run(
-                c.request.model,
-                c.team,
-                c.task,
-                seed=c.request.seed,
-                completion_id=c.completion_id,
-                conversation_id=c.conversation_id,
-                on_turn=on_turn,
-            )
-        )
+        episode = asyncio.create_task(self._run(c, on_turn))
 
         def chunk(**kwargs: Any) -> str:
             body = ChatCompletionChunk(id=c.completion_id, model=c.request.model, **kwargs)
@@ -188,6 +171,17 @@ class ChatCompletionService:
         if options is not None and options.include_usage:
             yield chunk(choices=[], usage=usage_of(result.trajectory))
         yield "data: [DONE]\n\n"
+
+    async def _run(self, c: Completion, on_turn: Callable[[TurnInfo], None] | None = None) -> EpisodeResult:
+        return await self.runner.run(
+            c.request.model,
+            c.team,
+            c.task,
+            seed=c.request.seed,
+            completion_id=c.completion_id,
+            conversation_id=c.conversation_id,
+            on_turn=on_turn,
+        )
 
     # ---- the other chat-API endpoints -------------------------------------------------------------
 
