@@ -17,7 +17,7 @@ from teamtr.serving.registry import version_dirs
 from teamtr.serving.tracing import trajectories_from_store
 
 pytest_plugins = ["vllm_fixtures"]
-# slow: every test here needs the session's vLLM server, whose start-up alone takes over a minute
+# slow: every test here needs the session's vLLM server, whose start-up alone takes 30 s or more
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOLERANCE = 1e-3  # vLLM float32 vs transformers float32

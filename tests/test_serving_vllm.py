@@ -18,7 +18,7 @@ from teamtr.serving.vllm_engine import VLLMEngine, VLLMRequestError
 from teamtr.serving.vllm_server import VLLMServer, attach_vllm_server
 
 pytest_plugins = ["vllm_fixtures"]
-# slow: every test here needs the session's vLLM server, whose start-up alone takes over a minute
+# slow: every test here needs the session's vLLM server, whose start-up alone takes 30 s or more
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 torch.set_num_threads(1)
