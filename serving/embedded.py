@@ -60,7 +60,7 @@ class _Request:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """The fast tokenizer saved beside the model (never AutoTokenizer's guess; see DESIGN.md)."""
+    """The fast tokenizer saved beside the model, never AutoTokenizer's guess (docs/serving.md, "The code")."""
     tok = PreTrainedTokenizerFast.from_pretrained(str(path))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -16,7 +16,8 @@ LoRA kernels index the stacked adapter weights with -1 for a request without an 
 to the LAST adapter slot, so a base request batched with adapter requests silently gets that slot's
 adapter once it is filled. With every request carrying an adapter the bug cannot bite. Set
 `null_adapter=False` on a CUDA server (its kernels skip -1), or when the server is shared with clients
-that send base requests themselves (they would still hit the bug on CPU).
+that send base requests themselves (they would still hit the bug on CPU). docs/vllm.md, "Two vLLM 0.32
+CPU bugs", has both bugs this module and serving/vllm_server.py work around.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ class VLLMEngine:
         return self._base(base).served_model_name
 
     def _ensure_null_adapter(self, base: str) -> None:
-        """Load the all-zero adapter the base policy is served through (once per base; ~10 ms)."""
+        """Load the all-zero adapter the base policy is served through (once per base)."""
         if base in self._null_ready:
             return
         with self._null_lock:

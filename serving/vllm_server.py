@@ -54,7 +54,8 @@ class VLLMServerConfig:
     max_loras: int = 8  # distinct adapters in one batch (the base policy's null adapter is one of them)
     # Modules a LoRA may target. Not lm_head: with lm_head wrapped for LoRA, vLLM 0.32 (CPU punica)
     # crashes the engine when prompt log-probs (our `score`) are computed for one request while others
-    # share the step; peft adapters on these modules are served exactly. None: everything vLLM supports.
+    # share the step (docs/vllm.md, "Two vLLM 0.32 CPU bugs"); peft adapters on these modules are served
+    # exactly. None: everything vLLM supports.
     lora_target_modules: tuple[str, ...] | None = LORA_TARGET_MODULES
     max_model_len: int | None = None  # None: the model config's max_position_embeddings
     max_logprobs: int = 20

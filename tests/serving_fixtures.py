@@ -1,5 +1,8 @@
 """Fixtures of the serving tests: a training-run directory with real saved adapter versions, a served team.
 
+`serve_in_background(config)` is `teamtr serve` (cli/serve.py's `build_server`) on a real uvicorn server
+in a thread of its own (serving/background.py), on a free localhost port.
+
 The adapters are real peft LoRA directories written by the embedded engine's `save_adapter` (what the
 trainer writes after each accepted update), with seeded random non-zero weights so versions differ.
 """
@@ -7,11 +10,16 @@ trainer writes after each accepted update), with seeded random non-zero weights 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
+from teamtr.cli.serve import ServeConfig, Server, build_server
+from teamtr.graphs.trajectory import Trajectory
+from teamtr.serving.background import BackgroundServer
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 
 ROLES = ("adder1", "adder2", "adder3")
@@ -55,3 +63,11 @@ def make_run_dir(model_dir: Path, run_dir: Path, versions: int = 2) -> Path:
 
 def adapter_config(path: Path) -> dict:
     return json.loads((path / "adapter_config.json").read_text())
+
+
+def serve_in_background(
+    config: ServeConfig,
+    engine: Any | None = None,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> BackgroundServer[Server]:
+    return BackgroundServer(lambda: build_server(config, engine=engine, on_trajectory=on_trajectory))

@@ -11,9 +11,9 @@ import openai
 import pytest
 import yaml
 from langchain_openai import ChatOpenAI
-from serving_fixtures import make_run_dir, write_versions
+from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 from teamtr.serving.registry import AdapterError
 
 API_KEY, ADMIN_KEY = "sk-test-key", "admin-test-key"
@@ -25,7 +25,7 @@ def served(tiny_model_dir, tmp_path_factory):
     run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=2)
     trajectories = []
     config = ServeConfig.from_run_dir(run, "chain", api_keys=[API_KEY], admin_key=ADMIN_KEY)
-    with BackgroundServer(config, on_trajectory=trajectories.append) as server:
+    with serve_in_background(config, on_trajectory=trajectories.append) as server:
         server.trajectories = trajectories
         yield server
 
@@ -329,7 +329,7 @@ def test_a_config_file_serves_several_teams_on_one_engine(tiny_model_dir, tmp_pa
         )
     )
     config = ServeConfig.from_yaml(config_file)
-    with BackgroundServer(config) as server:
+    with serve_in_background(config) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["chain", "duo"]
         duo = client.chat.completions.create(model="duo", messages=[{"role": "user", "content": "1+2+3"}])
@@ -350,7 +350,7 @@ def test_a_heterogeneous_run_serves_each_role_on_its_own_base(tiny_model_dir, tm
     cfg["team"].update(bases={"other": str(other)}, role_bases={"adder2": "other"})
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     recorded = []
-    with BackgroundServer(ServeConfig.from_run_dir(run, "chain"), on_trajectory=recorded.append) as server:
+    with serve_in_background(ServeConfig.from_run_dir(run, "chain"), on_trajectory=recorded.append) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         client.chat.completions.create(model="chain", messages=[{"role": "user", "content": TASK}])
         engine = server.server.engine
@@ -362,3 +362,28 @@ def test_a_heterogeneous_run_serves_each_role_on_its_own_base(tiny_model_dir, tm
         with pytest.raises(AdapterError, match="base model"):
             server.call(server.server.registry.push, "adder1", run / "adapters" / "adder2" / "v1", 9)
         assert server.server.registry.current_versions()["adder1"] == 1
+
+
+async def test_a_team_of_plain_chat_models_records_text_only_turns(served):
+    """A team whose role speaks through a plain LangChain chat model (ChatOpenAI on this very server):
+    its turn is the reply's text, attributed to the role's declared adapter and base at version 0, with
+    no tokens to train on (graphs/chat_model.py::turn_from_reply); the served episode has full turns."""
+    from teamtr.graphs.roles import Role
+    from teamtr.graphs.team import Team
+
+    role = Role("outer", "Add the numbers.", adapter="outer-adapter", base_model="other")
+    model = ChatOpenAI(base_url=served.url + "/v1", api_key=API_KEY, model="chain", max_retries=0)
+    before = len(served.trajectories)
+    trajectory = await Team([role], {"outer": model}).arun(TASK)
+    [inner] = served.trajectories[before:]
+    [turn] = trajectory.turns
+    assert turn.text == trajectory.final_answer == inner.final_answer
+    assert (turn.role, turn.adapter, turn.adapter_version, turn.base_model) == (
+        "outer",
+        "outer-adapter",
+        0,
+        "other",
+    )
+    assert turn.prompt_ids == turn.completion_ids == turn.logprobs == []
+    assert [t.role for t in inner.turns] == ["adder1", "adder2", "adder3"]
+    assert all(t.completion_ids and len(t.logprobs) == len(t.completion_ids) for t in inner.turns)

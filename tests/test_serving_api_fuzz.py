@@ -8,9 +8,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from serving_fixtures import make_run_dir
+from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (dev extra)")
 from schemathesis import GenerationMode  # noqa: E402
@@ -25,7 +25,7 @@ CHAT = "POST /v1/chat/completions"
 def fuzz_server(tiny_model_dir, tmp_path_factory):
     run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=1)
     config = ServeConfig.from_run_dir(run, "chain", api_keys=[API_KEY], admin_key=ADMIN_KEY)
-    with BackgroundServer(config) as server:
+    with serve_in_background(config) as server:
         yield server
 
 

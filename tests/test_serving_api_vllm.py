@@ -9,15 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serving_fixtures import ROLES, make_run_dir, write_versions
+from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.registry import version_dirs
 from teamtr.serving.tracing import trajectories_from_store
 
 pytest_plugins = ["vllm_fixtures"]
-pytestmark = pytest.mark.vllm
+# slow: every test here needs the session's vLLM server, whose start-up alone takes 30 s or more
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOLERANCE = 1e-3  # vLLM float32 vs transformers float32
 
@@ -36,7 +37,7 @@ def test_team_api_on_vllm_with_hot_swap_and_traces(vllm_server, vllm_model_dir, 
     )
     recorded = []
     tasks = ["12+7+30+5", "3+4+5+6", "40+1+2+3", "9+9+9+9"]
-    with BackgroundServer(config, on_trajectory=recorded.append) as server:
+    with serve_in_background(config, on_trajectory=recorded.append) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
         def ask(task):

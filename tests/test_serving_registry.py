@@ -12,10 +12,10 @@ import pytest
 import torch
 from langchain_core.callbacks import AsyncCallbackHandler
 from safetensors.torch import load_file, save_file
-from serving_fixtures import ROLES, adapter_config, make_run_dir, write_versions
+from serving_fixtures import ROLES, adapter_config, make_run_dir, serve_in_background, write_versions
 from typer.testing import CliRunner
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 from teamtr.cli.serve import app as cli_app
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_roles
@@ -189,7 +189,7 @@ def test_admin_api_and_cli_push_list_rollback(tiny_model_dir, tmp_path):
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})
     runner = CliRunner()
-    with BackgroundServer(config) as server:
+    with serve_in_background(config) as server:
         env = {"TEAMTR_URL": server.url, "TEAMTR_ADMIN_KEY": "adm"}
         write_versions(tiny_model_dir, run, range(2, 3))
         result = runner.invoke(cli_app, ["adapters", "push", str(run), "--role", "adder2"], env=env)
@@ -223,3 +223,36 @@ def test_admin_api_and_cli_push_list_rollback(tiny_model_dir, tmp_path):
         assert r.status_code == 404 and r.json()["error"]["code"] == "adapter_not_found"
         result = runner.invoke(cli_app, ["adapters", "list"], env={**env, "TEAMTR_ADMIN_KEY": "wrong"})
         assert result.exit_code == 1 and "401" in result.output
+
+
+def test_admin_client_returns_typed_answers_and_raises_on_errors(tiny_model_dir, tmp_path):
+    from teamtr.serving.admin_client import AdminClient, AdminRequestError, ServerUnreachableError
+    from teamtr.serving.protocol import AdapterListResponse, AdapterVersionInfo
+
+    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})
+    with serve_in_background(config) as server:
+        client = AdminClient(server.url + "/", "adm")
+        write_versions(tiny_model_dir, run, range(2, 3))
+        pushed = client.push("adder3", run / "adapters" / "adder3" / "v2")
+        assert isinstance(pushed, AdapterVersionInfo)
+        assert (pushed.role, pushed.version, pushed.current, pushed.engine_name) == (
+            "adder3",
+            2,
+            True,
+            "adder3@v2",
+        )
+        listed = client.list_versions()
+        assert isinstance(listed, AdapterListResponse)
+        assert listed.current == {"adder1": 1, "adder2": 1, "adder3": 2}
+        assert client.rollback("adder3").version == 1
+        assert server.server.registry.current_versions()["adder3"] == 1
+        with pytest.raises(AdminRequestError) as refused:
+            client.rollback("adder3")
+        assert refused.value.status == 400 and "no previous version" in refused.value.message
+        with pytest.raises(AdminRequestError) as wrong_key:
+            AdminClient(server.url, "wrong").list_versions()
+        assert wrong_key.value.status == 401 and wrong_key.value.message == "incorrect admin key"
+        url = server.url
+    with pytest.raises(ServerUnreachableError, match="cannot reach"):
+        AdminClient(url, "adm", timeout_s=5).list_versions()

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serving_fixtures import make_run_dir
+from serving_fixtures import make_run_dir, serve_in_background
 from typer.testing import CliRunner
 
-from teamtr.cli.serve import BackgroundServer, ServeConfig
+from teamtr.cli.serve import ServeConfig
 from teamtr.cli.serve import app as cli_app
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.serving.trace_store import read_spans
@@ -36,7 +36,7 @@ def run_dir(tiny_model_dir, tmp_path_factory):
 def _serve(run_dir, db, **tracing):
     config = ServeConfig.from_run_dir(run_dir, "chain", tracing={"sqlite_path": str(db), **tracing})
     recorded = []
-    return BackgroundServer(config, on_trajectory=recorded.append), recorded
+    return serve_in_background(config, on_trajectory=recorded.append), recorded
 
 
 def test_served_conversations_round_trip_into_the_recorded_trajectories(run_dir, tmp_path):

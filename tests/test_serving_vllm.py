@@ -18,7 +18,8 @@ from teamtr.serving.vllm_engine import VLLMEngine, VLLMRequestError
 from teamtr.serving.vllm_server import VLLMServer, attach_vllm_server
 
 pytest_plugins = ["vllm_fixtures"]
-pytestmark = pytest.mark.vllm
+# slow: every test here needs the session's vLLM server, whose start-up alone takes 30 s or more
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 torch.set_num_threads(1)
 

@@ -12,7 +12,8 @@ modules would start one server per module). Fixtures:
   $TEAMTR_VLLM_URL when set; that server must serve the same model directory);
 - `vllm_engine`: a fresh `VLLMEngine` over that server (base name "base").
 
-The tests skip, saying why, only when vLLM is not installed (the setup script's reason when it failed).
+The tests skip, saying why, only when vLLM is not installed (the setup script's reason when it failed);
+under CI (CI=true) that skip is a failure (tests/ci_strict.py).
 `random_lora_adapter` makes peft adapters with nonzero B, so they change the model's outputs.
 """
 

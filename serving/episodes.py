@@ -1,0 +1,179 @@
+"""One served episode: the team runs on pinned adapter versions, and its turns, trajectory and spans are
+recorded as they happen.
+
+Each episode pins the current version of every adapter its team uses for its whole run
+(`AdapterRegistry.pin`, serving/registry.py), so a version promoted mid-episode never mixes into it.
+Turns are recorded by a LangChain callback as each chat-model call ends, so turn spans and streamed
+turn chunks go out while the episode is still running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.outputs import LLMResult
+
+from teamtr.graphs.chat_model import is_engine_reply, turn_from_reply
+from teamtr.graphs.task import TaskInstance
+from teamtr.graphs.team import Team
+from teamtr.graphs.trajectory import Trajectory, Turn
+from teamtr.serving.protocol import TurnInfo
+from teamtr.serving.registry import AdapterRegistry
+from teamtr.serving.tracing import TeamTracer
+
+
+@dataclass
+class ServedTeam:
+    """A team and, for each of its roles that has a registered adapter, that adapter's name."""
+
+    team: Team
+    adapters: dict[str, str] = field(default_factory=dict)  # role name -> registry adapter name
+
+
+def registered_adapters(team: Team, registry: AdapterRegistry) -> dict[str, str]:
+    """Role name -> adapter, for the roles whose adapter the registry manages."""
+    known = set(registry.adapters())
+    return {r.name: r.adapter for r in team.roles if r.adapter is not None and r.adapter in known}
+
+
+def turn_info(index: int, turn: Turn) -> TurnInfo:
+    """A turn as the API shows it (the response's `teamtr.turns`, streamed `teamtr_turn` chunks)."""
+    return TurnInfo(
+        index=index,
+        role=turn.role,
+        adapter=turn.adapter,
+        adapter_version=turn.adapter_version,
+        text=turn.text,
+        prompt_tokens=len(turn.prompt_ids),
+        completion_tokens=len(turn.completion_ids),
+    )
+
+
+class TurnRecorder(AsyncCallbackHandler):
+    """Turns an episode's chat-model calls into live turn spans and turn events, as they end."""
+
+    run_inline = True
+
+    def __init__(
+        self,
+        tracer: TeamTracer | None,
+        episode_span: Any,
+        conversation_id: str,
+        on_turn: Callable[[TurnInfo], None] | None,
+    ) -> None:
+        self.tracer, self.span, self.conversation_id, self.on_turn = (
+            tracer,
+            episode_span,
+            conversation_id,
+            on_turn,
+        )
+        self._started: dict[UUID, tuple[int, str]] = {}
+        self.turns: list[Turn] = []
+        self.finish_reasons: list[str] = []
+
+    async def on_chat_model_start(
+        self,
+        serialized: Any,
+        messages: Any,
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._started[run_id] = (time.time_ns(), (metadata or {}).get("langgraph_node", ""))
+
+    async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        start_ns, role = self._started.pop(run_id, (None, ""))
+        message = response.generations[0][0].message  # type: ignore[attr-defined]
+        if not is_engine_reply(message):  # not an engine-backed model: nothing to trace at token level
+            return
+        turn = turn_from_reply(message, role)
+        index = len(self.turns)
+        self.turns.append(turn)
+        finish = message.response_metadata.get("finish_reason", "stop")
+        self.finish_reasons.append(finish)
+        if self.tracer is not None:
+            self.tracer.record_turn(
+                self.span, turn, index, self.conversation_id, start_ns, time.time_ns(), finish
+            )
+        if self.on_turn is not None:
+            self.on_turn(turn_info(index, turn))
+
+
+@dataclass
+class EpisodeResult:
+    trajectory: Trajectory
+    adapter_versions: dict[str, int]  # role -> the version the episode ran on
+    finish_reason: str  # "length" when the last turn hit its token cap, else "stop"
+
+
+class Conversations:
+    """How many episodes each conversation id has had, for the most recent `capacity` ids (feedback)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._episodes: OrderedDict[str, int] = OrderedDict()
+
+    def add_episode(self, conversation_id: str) -> None:
+        self._episodes[conversation_id] = self._episodes.pop(conversation_id, 0) + 1
+        while len(self._episodes) > self.capacity:
+            self._episodes.popitem(last=False)
+
+    def __contains__(self, conversation_id: object) -> bool:
+        return conversation_id in self._episodes
+
+    def episodes(self, conversation_id: str) -> int:
+        return self._episodes[conversation_id]
+
+
+class EpisodeRunner:
+    """Runs served episodes on the registry's engine; every finished trajectory goes to `on_trajectory`
+    (online training hooks, tests)."""
+
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        tracer: TeamTracer | None,
+        conversations: Conversations,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+    ) -> None:
+        self.registry, self.tracer, self.conversations = registry, tracer, conversations
+        self.on_trajectory = on_trajectory
+
+    async def run(
+        self,
+        name: str,
+        team: ServedTeam,
+        task: str,
+        *,
+        seed: int | None,
+        completion_id: str,
+        conversation_id: str,
+        on_turn: Callable[[TurnInfo], None] | None = None,
+    ) -> EpisodeResult:
+        async with self.registry.pin(sorted(set(team.adapters.values()))) as pinned:
+            pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
+            versions = {role: v for role, (_, v) in pins.items()}
+            instance = TaskInstance(id=completion_id, prompt=task, answer=None)
+            tracer = self.tracer
+            span_cm = tracer.episode(name, conversation_id, task) if tracer is not None else nullcontext()
+            with span_cm as span:
+                recorder = TurnRecorder(self.tracer, span, conversation_id, on_turn)
+                trajectory = await team.team.arun(
+                    instance, seed=seed, adapter_pins=pins, config={"callbacks": [recorder]}
+                )
+                trajectory.metadata["conversation_id"] = conversation_id
+                if self.tracer is not None:
+                    self.tracer.finish_episode(span, trajectory, versions)
+        self.conversations.add_episode(conversation_id)
+        if self.on_trajectory is not None:
+            self.on_trajectory(trajectory)
+        finish = recorder.finish_reasons[-1] if recorder.finish_reasons else "stop"
+        return EpisodeResult(trajectory, versions, "length" if finish == "length" else "stop")

@@ -1,0 +1,93 @@
+"""Errors of the team chat API, all in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+`APIError` is what the service and the routes raise; `install_error_handlers` makes FastAPI answer
+it, request validation failures (400), HTTP errors (status kept, type from the status) and any crash (500)
+in that shape. `ERROR_RESPONSES` documents those answers in the OpenAPI schema of a route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from teamtr.serving.protocol import ErrorResponse, error_body
+
+# OpenAI's error type for each status a route can answer besides 400 (invalid_request_error) and 500
+TYPE_OF_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413)
+}
+
+
+class APIError(Exception):
+    """An error answer: HTTP status plus the fields of OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def error_response(
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+async def _api_error(_: Request, e: APIError) -> JSONResponse:
+    return error_response(e.status, e.message, e.type, e.param, e.code)
+
+
+async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+    first = e.errors()[0] if e.errors() else {}
+    if first.get("type") == "json_invalid":
+        return error_response(
+            400, "the request body is not valid JSON", "invalid_request_error", code="json_invalid"
+        )
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    message = first.get("msg", "invalid request")
+    if loc:
+        message = f"{'.'.join(loc)}: {message}"
+    return error_response(400, message, "invalid_request_error", ".".join(loc) or None, first.get("type"))
+
+
+async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    return error_response(
+        e.status_code,
+        str(e.detail),
+        TYPE_OF_STATUS.get(e.status_code, "invalid_request_error"),
+        headers=getattr(e, "headers", None),
+    )
+
+
+async def _crash(_: Request, e: Exception) -> JSONResponse:
+    return error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _crash)
