@@ -41,7 +41,7 @@ torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
 def tiny_config(**overrides) -> WarmStartConfig:
     """Seconds-sized: a 2-layer model, a handful of steps, a few held-out tasks."""
     base = dict(hidden=64, layers=2, heads=2, batch_size=8, max_steps=3, eval_every=1, eval_tasks=4,
-                final_eval_tasks=4, sampled_eval_tasks=4, samples_per_task=2, threads=1, max_seconds=120.0)  # fmt: skip
+                final_eval_tasks=4, sampled_eval_tasks=4, samples_per_task=2, threads=1)  # fmt: skip
     base.update(overrides)
     return WarmStartConfig(**base)
 
@@ -181,6 +181,31 @@ def test_build_writes_a_complete_loadable_model(tmp_path):
     lines = (tmp_path / "m" / "warmstart_history.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [r["step"] for r in report.history]
     AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+
+
+def test_build_is_bitwise_deterministic_whatever_the_callers_thread_count(tmp_path):
+    """The build runs with its config's thread count and deterministic kernels, so the weights are
+    bitwise equal whatever torch's thread count was when it was called. (4 threads is there because on
+    this machine's CPU a build that used 4 threads gives other weights than one that used 1: without the
+    pinning this test fails.) The caller's settings and random state are restored afterwards."""
+    cfg = tiny_config(max_steps=6, eval_every=2, batch_size=4)
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    digests, histories = [], []
+    try:
+        for ambient in (1, 2, 4):
+            torch.set_num_threads(ambient)
+            torch.manual_seed(123)
+            report = build_warm_model(cfg, tmp_path / f"threads{ambient}", progress=False)
+            assert torch.get_num_threads() == ambient and not torch.are_deterministic_algorithms_enabled()
+            assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(123)))
+            assert report.threads == cfg.threads == 1
+            digests.append(report.files["model.safetensors"])
+            histories.append([(r["step"], r["loss"], r["team_accuracy"]) for r in report.history])
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
+    assert digests[0] == digests[1] == digests[2]
+    assert histories[0] == histories[1] == histories[2] and len(histories[0]) == 3
 
 
 def test_cache_reuses_and_rebuilds(tmp_path, monkeypatch):
