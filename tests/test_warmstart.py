@@ -172,6 +172,38 @@ def test_team_evaluation_bookkeeping(tokenizer, task):
     assert 0.0 <= team.team_accuracy <= 1.0 and team.team_accuracy == sum(rewards) / 6
 
 
+def test_builder_decoding_matches_the_embedded_engine(tmp_path, tokenizer, task):
+    """The builder decodes its in-memory model with `model.generate`; greedy, that must write exactly
+    what the embedded engine (which the demo, eval and training use) writes, or the accuracy a build
+    stops on would not be the accuracy the demo reports."""
+    import asyncio
+
+    from teamtr.graphs.engine import SamplingParams
+    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.training.warmstart.evaluate import generate_messages
+
+    # a few dozen steps: it writes digits and ends its messages (an untrained model writes only specials)
+    cfg = tiny_config(max_steps=40, eval_every=40, lr=5e-3, warmup_steps=5)
+    path = tmp_path / "m"
+    build_warm_model(cfg, path, progress=False)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    first, second = chain_roles(2)
+    prompts = [  # of different lengths, so the batch is left-padded
+        render_prompt_ids(tokenizer, role_messages(role, inst.prompt, transcript))
+        for inst in task.generate(4, seed=8)
+        for role, transcript in ((first, []), (second, [("adder1", "12+9+5")]))
+    ]
+    ours = generate_messages(model, tokenizer, prompts, temperature=0.0, max_new_tokens=12)
+    engine = EmbeddedEngine(path, threads=1)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop=(MESSAGE_END,))
+
+    async def decode_all():
+        return await asyncio.gather(*(engine.generate(p, adapter=None, sampling=greedy) for p in prompts))
+
+    theirs = [g.text.split(MESSAGE_END, 1)[0] for g in asyncio.run(decode_all())]
+    assert ours == theirs and any(ours)
+
+
 def test_build_writes_a_complete_loadable_model(tmp_path):
     cfg = tiny_config()
     report = build_warm_model(cfg, tmp_path / "m", progress=False)
