@@ -1,4 +1,5 @@
-"""The warm-started demo model: formatting without drift, save/load fidelity, learning, and the cache."""
+"""The warm-started demo model: formatting without drift, save/load fidelity, learning, decoding as the
+engine decodes, bitwise-deterministic builds, and the cache."""
 
 from __future__ import annotations
 
