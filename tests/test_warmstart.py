@@ -1,4 +1,5 @@
-"""The warm-started demo model: formatting without drift, save/load fidelity, learning, and the cache."""
+"""The warm-started demo model: formatting without drift, save/load fidelity, learning, decoding as the
+engine decodes, bitwise-deterministic builds, and the cache."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
 def tiny_config(**overrides) -> WarmStartConfig:
     """Seconds-sized: a 2-layer model, a handful of steps, a few held-out tasks."""
     base = dict(hidden=64, layers=2, heads=2, batch_size=8, max_steps=3, eval_every=1, eval_tasks=4,
-                final_eval_tasks=4, sampled_eval_tasks=4, samples_per_task=2, threads=1, max_seconds=120.0)  # fmt: skip
+                final_eval_tasks=4, sampled_eval_tasks=4, samples_per_task=2, threads=1)  # fmt: skip
     base.update(overrides)
     return WarmStartConfig(**base)
 
@@ -172,6 +173,38 @@ def test_team_evaluation_bookkeeping(tokenizer, task):
     assert 0.0 <= team.team_accuracy <= 1.0 and team.team_accuracy == sum(rewards) / 6
 
 
+def test_builder_decoding_matches_the_embedded_engine(tmp_path, tokenizer, task):
+    """The builder decodes its in-memory model with `model.generate`; greedy, that must write exactly
+    what the embedded engine (which the demo, eval and training use) writes, or the accuracy a build
+    stops on would not be the accuracy the demo reports."""
+    import asyncio
+
+    from teamtr.graphs.engine import SamplingParams
+    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.training.warmstart.evaluate import generate_messages
+
+    # a few dozen steps: it writes digits and ends its messages (an untrained model writes only specials)
+    cfg = tiny_config(max_steps=40, eval_every=40, lr=5e-3, warmup_steps=5)
+    path = tmp_path / "m"
+    build_warm_model(cfg, path, progress=False)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    first, second = chain_roles(2)
+    prompts = [  # of different lengths, so the batch is left-padded
+        render_prompt_ids(tokenizer, role_messages(role, inst.prompt, transcript))
+        for inst in task.generate(4, seed=8)
+        for role, transcript in ((first, []), (second, [("adder1", "12+9+5")]))
+    ]
+    ours = generate_messages(model, tokenizer, prompts, temperature=0.0, max_new_tokens=12)
+    engine = EmbeddedEngine(path, threads=1)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12, stop=(MESSAGE_END,))
+
+    async def decode_all():
+        return await asyncio.gather(*(engine.generate(p, adapter=None, sampling=greedy) for p in prompts))
+
+    theirs = [g.text.split(MESSAGE_END, 1)[0] for g in asyncio.run(decode_all())]
+    assert ours == theirs and any(ours)
+
+
 def test_build_writes_a_complete_loadable_model(tmp_path):
     cfg = tiny_config()
     report = build_warm_model(cfg, tmp_path / "m", progress=False)
@@ -181,6 +214,31 @@ def test_build_writes_a_complete_loadable_model(tmp_path):
     lines = (tmp_path / "m" / "warmstart_history.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [r["step"] for r in report.history]
     AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+
+
+def test_build_is_bitwise_deterministic_whatever_the_callers_thread_count(tmp_path):
+    """The build runs with its config's thread count and deterministic kernels, so the weights are
+    bitwise equal whatever torch's thread count was when it was called. (4 threads is there because on
+    this machine's CPU a build that used 4 threads gives other weights than one that used 1: without the
+    pinning this test fails.) The caller's settings and random state are restored afterwards."""
+    cfg = tiny_config(max_steps=6, eval_every=2, batch_size=4)
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+    digests, histories = [], []
+    try:
+        for ambient in (1, 2, 4):
+            torch.set_num_threads(ambient)
+            torch.manual_seed(123)
+            report = build_warm_model(cfg, tmp_path / f"threads{ambient}", progress=False)
+            assert torch.get_num_threads() == ambient and not torch.are_deterministic_algorithms_enabled()
+            assert torch.equal(torch.rand(3), torch.rand(3, generator=torch.Generator().manual_seed(123)))
+            assert report.threads == cfg.threads == 1
+            digests.append(report.files["model.safetensors"])
+            histories.append([(r["step"], r["loss"], r["team_accuracy"]) for r in report.history])
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
+    assert digests[0] == digests[1] == digests[2]
+    assert histories[0] == histories[1] == histories[2] and len(histories[0]) == 3
 
 
 def test_cache_reuses_and_rebuilds(tmp_path, monkeypatch):

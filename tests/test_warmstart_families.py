@@ -34,7 +34,9 @@ from teamtr.training.warmstart import (
 torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
 
 FAMILIES = ["arbench", "autologi", "blocksworld", "countdown", "split", "zebra"]  # built in (tests add more)
-CHAIN_DEMO_KEY = "e1ceb7ad539e8483"  # WarmStartConfig().cache_key() before families existed
+# WarmStartConfig().cache_key(), pinned so that it changes only on purpose (a new key rebuilds every
+# cached demo model). It was e1ceb7ad539e8483 until the build became deterministic (WARMSTART_FORMAT 2).
+CHAIN_DEMO_KEY = "ca8fc300b51806dc"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def tokenizer():
 
 def tiny_family_config(task: str, **overrides) -> WarmStartConfig:
     base = dict(hidden=64, layers=2, heads=2, batch_size=4, max_steps=2, eval_every=1, eval_tasks=3,
-                final_eval_tasks=3, sampled_eval_tasks=2, samples_per_task=2, threads=1, max_seconds=120.0)  # fmt: skip
+                final_eval_tasks=3, sampled_eval_tasks=2, samples_per_task=2, threads=1)  # fmt: skip
     base.update(overrides)
     return warm_config_for(task, **base)
 
@@ -127,8 +129,18 @@ def test_short_build_of_a_non_chain_family_is_loadable(tmp_path):
     PreTrainedTokenizerFast.from_pretrained(tmp_path / "m")
 
 
-def test_chain_demo_cache_key_is_unchanged():
+def test_chain_demo_cache_key_is_pinned(monkeypatch):
+    import teamtr.training.warmstart.config as config
+
     assert WarmStartConfig().cache_key() == CHAIN_DEMO_KEY
+    # what the `teamtr warmstart` command passes is the same model
+    assert warm_config_for("chain", threads=1, adapt_threads=False).cache_key() == CHAIN_DEMO_KEY
+    # the thread count changes the weights (reductions add in another order): another model
+    assert WarmStartConfig(threads=2).cache_key() != CHAIN_DEMO_KEY
+    # a new build procedure invalidates every cached model
+    monkeypatch.setattr(config, "WARMSTART_FORMAT", config.WARMSTART_FORMAT + 1)
+    assert WarmStartConfig().cache_key() != CHAIN_DEMO_KEY
+    monkeypatch.undo()
     assert warm_config_for("chain").cache_key() == CHAIN_DEMO_KEY
     assert WarmStartConfig(task="chain", task_options={}).cache_key() == CHAIN_DEMO_KEY
     keys = {warm_config_for(name).cache_key() for name in FAMILIES}

@@ -1,4 +1,5 @@
-"""Small models built on this machine (no model hub): a character tokenizer and a Llama config.
+"""Small models built on this machine (no model hub): a character tokenizer, a Llama config, and an
+untrained model made from them (the warm start trains it; tests of other areas use it untrained).
 
 A user with a GPU points the same loading code (`from_pretrained`) at e.g. `Qwen/Qwen3-8B`.
 """
@@ -6,9 +7,11 @@ A user with a GPU points the same loading code (`from_pretrained`) at e.g. `Qwen
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
@@ -57,3 +60,28 @@ def tiny_llama_config(vocab_size: int, hidden: int = 128, layers: int = 4, heads
         bos_token_id=1,
         eos_token_id=2,
     )
+
+
+def new_model(
+    tokenizer: PreTrainedTokenizerFast, hidden: int, layers: int, heads: int, seed: int
+) -> LlamaForCausalLM:
+    """An untrained model over `tokenizer`, its weights drawn from torch's global generator seeded `seed`."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(len(tokenizer), hidden=hidden, layers=layers, heads=heads))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    """A folder that `AutoModelForCausalLM.from_pretrained` / `PreTrainedTokenizerFast.from_pretrained` load."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def tiny_random_model(out_dir: str | Path, seed: int = 0) -> Path:
+    """A seconds-sized untrained model (hidden 64, 2 layers, 2 heads of 32) for tests of other areas."""
+    out = Path(out_dir)
+    tokenizer = build_char_tokenizer()
+    save_model(new_model(tokenizer, hidden=64, layers=2, heads=2, seed=seed), tokenizer, out)
+    return out

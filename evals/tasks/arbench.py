@@ -21,15 +21,16 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.evals.tasks._knobs import KnobbedFamily
+from teamtr.evals.tasks._text import last_line
 from teamtr.graphs.task import TaskInstance
 
 
 @dataclass(frozen=True)
 class ArbenchDifficulty:
-    """Defaults: 2 digits from 0-3 (12 codes), hints until the code is unique: a tiny model learns part
-    of it in minutes (3 of 0-4 stayed at chance, 1/60). digits=1, pool=2 is very easy; AR-Bench GN
-    is digits=4, pool=10, hints=0 with 25 questions."""
+    """Defaults: 2 digits from 0-3 (12 codes), hints until the code is unique: small enough for a tiny
+    model to learn part of it (why not more: docs/evals.md, "Headroom"). digits=1, pool=2 is very
+    easy; AR-Bench GN is digits=4, pool=10, hints=0 with 25 questions."""
 
     digits: int = 2
     pool: int = 4
@@ -49,20 +50,17 @@ def feedback(secret: str, guess: str) -> str:
     return f"{bulls}A{cows}B"
 
 
-class Arbench:
+class Arbench(KnobbedFamily[ArbenchDifficulty]):
     name = "arbench"
     description = "guess a hidden code from bulls-and-cows feedback (AR-Bench GN style; optional oracle)"
-
-    def __init__(self, **defaults) -> None:
-        self.defaults = ArbenchDifficulty(**defaults)
+    knobs_type = ArbenchDifficulty
 
     def generate(self, n: int, seed: int, **difficulty) -> list[TaskInstance]:
-        check_knobs(self.name, difficulty, set(ArbenchDifficulty.__dataclass_fields__))
-        knobs = ArbenchDifficulty(**{**self.defaults.__dict__, **difficulty})
+        knobs = self.knobs(difficulty)
         codes = ["".join(p) for p in itertools.permutations("0123456789"[: knobs.pool], knobs.digits)]
         out = []
         for i in range(n):
-            rng = seeded_rng(self.name, seed, knobs, i)
+            rng = self.instance_rng(seed, knobs, i)
             secret = rng.choice(codes)
             hints: list[tuple[str, str]] = []
             candidates = codes
@@ -79,7 +77,7 @@ class Arbench:
             hint_text = " ".join(f"{g}:{f}" for g, f in hints)
             out.append(
                 TaskInstance(
-                    id=instance_id(self.name, seed, i, knobs),
+                    id=self.instance_id(seed, knobs, i),
                     prompt=f"code {knobs.digits} of 0-{knobs.pool - 1}. {hint_text}".strip(),
                     answer=secret,
                     difficulty=f"digits={knobs.digits},pool={knobs.pool},hints={knobs.hints}",

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.evals.tasks._knobs import KnobbedFamily
+from teamtr.evals.tasks._text import last_line
 from teamtr.graphs.task import TaskInstance
 
 _ASSIGNMENT = re.compile(r"([A-Z])\s*=\s*(\d+)")
@@ -86,20 +87,17 @@ def _problem(items: list[str], constraints: list[list]):
     return problem
 
 
-class Autologi:
+class Autologi(KnobbedFamily[AutologiDifficulty]):
     name = "autologi"
     description = "arrange items under constraints; any arrangement meeting all of them is correct"
-
-    def __init__(self, **defaults: int) -> None:
-        self.defaults = AutologiDifficulty(**defaults)
+    knobs_type = AutologiDifficulty
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
-        check_knobs(self.name, difficulty, set(AutologiDifficulty.__dataclass_fields__))
-        knobs = AutologiDifficulty(**{**self.defaults.__dict__, **difficulty})
+        knobs = self.knobs(difficulty)
         items = [chr(ord("A") + i) for i in range(knobs.items)]
         out = []
         for i in range(n):
-            rng = seeded_rng(self.name, seed, knobs, i)
+            rng = self.instance_rng(seed, knobs, i)
             slots = list(range(1, knobs.items + 1))
             rng.shuffle(slots)
             hidden = dict(zip(items, slots, strict=True))
@@ -110,7 +108,7 @@ class Autologi:
                     constraints.append(candidate)
             out.append(
                 TaskInstance(
-                    id=instance_id(self.name, seed, i, knobs),
+                    id=self.instance_id(seed, knobs, i),
                     prompt=f"{' '.join(items)} in 1-{knobs.items}, all different. "
                     + " ".join(render(c) for c in constraints),
                     answer=",".join(f"{x}={hidden[x]}" for x in items),  # one valid answer, not the only

@@ -22,7 +22,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.evals.tasks._knobs import KnobbedFamily
+from teamtr.evals.tasks._text import last_line
 from teamtr.graphs.task import TaskInstance
 
 DOMAIN_PDDL = """
@@ -136,20 +137,17 @@ def compact_action(pddl_action: str) -> str:
     return " ".join([short, *args])
 
 
-class Blocksworld:
+class Blocksworld(KnobbedFamily[BlocksworldDifficulty]):
     name = "blocksworld"
     description = "Blocksworld plan generation (PlanBench style), plans validated with pyperplan"
-
-    def __init__(self, **defaults: int) -> None:
-        self.defaults = BlocksworldDifficulty(**defaults)
+    knobs_type = BlocksworldDifficulty
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
-        check_knobs(self.name, difficulty, set(BlocksworldDifficulty.__dataclass_fields__))
-        knobs = BlocksworldDifficulty(**{**self.defaults.__dict__, **difficulty})
+        knobs = self.knobs(difficulty)
         blocks = [chr(ord("a") + i) for i in range(knobs.blocks)]
         out = []
         for i in range(n):
-            rng = seeded_rng(self.name, seed, knobs, i)
+            rng = self.instance_rng(seed, knobs, i)
             while True:
                 init, goal_stacks = _random_stacks(rng, blocks), _random_stacks(rng, blocks)
                 goal_on = [(top, under) for s in goal_stacks for under, top in itertools.pairwise(s)]
@@ -161,7 +159,7 @@ class Blocksworld:
             wanted = [s for s in goal_stacks if len(s) > 1]
             out.append(
                 TaskInstance(
-                    id=instance_id(self.name, seed, i, knobs),
+                    id=self.instance_id(seed, knobs, i),
                     prompt=f"have {','.join(init)} want {','.join(wanted)}",
                     answer=",".join(reference),  # one optimal plan; any valid plan is correct
                     difficulty=f"blocks={knobs.blocks}",

@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.evals.tasks._knobs import KnobbedFamily
+from teamtr.evals.tasks._text import last_line, seeded_rng
 from teamtr.graphs.task import TaskInstance
 
 _EXPRESSION = re.compile(r"[\d+\-*/() ]+")
@@ -65,18 +66,15 @@ def evaluate_expression(text: str) -> tuple[Fraction, list[int]]:
     return value(tree.body), used
 
 
-class Countdown:
+class Countdown(KnobbedFamily[CountdownDifficulty]):
     name = "countdown"
     description = "combine all given numbers once each with + - * / to reach the target (reasoning-gym)"
-
-    def __init__(self, **defaults: int) -> None:
-        self.defaults = CountdownDifficulty(**defaults)
+    knobs_type = CountdownDifficulty
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         from reasoning_gym.games.countdown import CountdownConfig, CountdownDataset
 
-        check_knobs(self.name, difficulty, set(CountdownDifficulty.__dataclass_fields__))
-        knobs = CountdownDifficulty(**{**self.defaults.__dict__, **difficulty})
+        knobs = self.knobs(difficulty)
         config = CountdownConfig(
             min_numbers=knobs.numbers,
             max_numbers=knobs.numbers,
@@ -94,7 +92,7 @@ class Countdown:
             numbers, target = item["metadata"]["numbers"], item["metadata"]["target"]
             out.append(
                 TaskInstance(
-                    id=instance_id(self.name, seed, i, knobs),
+                    id=self.instance_id(seed, knobs, i),
                     prompt=f"{','.join(map(str, numbers))}->{target}",
                     answer=target,
                     difficulty=f"numbers={knobs.numbers},max={knobs.max_value}",
@@ -107,8 +105,8 @@ class Countdown:
     def demonstration(instance: TaskInstance, role_index: int) -> str:
         """Warm-start data: every role of a generic team writes one canonical answer, the first
         expression without parentheses that reaches the target (numbers in the prompt's order first,
-        operators tried in the order + - * /), else reasoning-gym's reference (about 1 in 10 at the
-        defaults). One fixed answer per prompt is easier to learn than the reference's arbitrary form."""
+        operators tried in the order + - * /), else reasoning-gym's reference. One fixed answer per prompt
+        is easier to learn than the reference's arbitrary form (docs/evals.md, "Headroom")."""
         numbers, target = instance.meta["numbers"], instance.meta["target"]
         return _first_flat_expression(numbers, target) or str(instance.meta["reference"]).replace(" ", "")
 

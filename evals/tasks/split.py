@@ -21,7 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.evals.tasks._knobs import KnobbedFamily
+from teamtr.evals.tasks._text import last_line
 from teamtr.graphs.task import TaskInstance
 
 _FINAL_LINE = re.compile(r"(?:[a-z]\d+>)?([a-z]\d+)")
@@ -44,19 +45,16 @@ def _symbol(layer: int, k: int) -> str:
     return f"{chr(ord('a') + layer)}{k}"
 
 
-class Split:
+class Split(KnobbedFamily[SplitDifficulty]):
     name = "split"
     description = "pointer chase through per-role private tables (split information; coordination)"
-
-    def __init__(self, **defaults: int) -> None:
-        self.defaults = SplitDifficulty(**defaults)
+    knobs_type = SplitDifficulty
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
-        check_knobs(self.name, difficulty, set(SplitDifficulty.__dataclass_fields__))
-        knobs = SplitDifficulty(**{**self.defaults.__dict__, **difficulty})
+        knobs = self.knobs(difficulty)
         out = []
         for i in range(n):
-            rng = seeded_rng(self.name, seed, knobs, i)
+            rng = self.instance_rng(seed, knobs, i)
             tables = []
             for layer in range(knobs.hops):
                 targets = list(range(1, knobs.size + 1))
@@ -72,7 +70,7 @@ class Split:
             ]
             out.append(
                 TaskInstance(
-                    id=instance_id(self.name, seed, i, knobs),
+                    id=self.instance_id(seed, knobs, i),
                     prompt=f"start {start}, {knobs.hops} tables",
                     answer=path[-1],
                     difficulty=f"hops={knobs.hops},size={knobs.size}",

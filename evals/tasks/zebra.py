@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any
 
-from teamtr.evals.tasks._text import check_knobs, instance_id, last_line, seeded_rng
+from teamtr.evals.tasks._knobs import KnobbedFamily
+from teamtr.evals.tasks._text import last_line
 from teamtr.graphs.task import TaskInstance
 
 # reasoning-gym clue class -> (compact operator, arity kind)
@@ -43,9 +44,8 @@ _NAME_CHARS = 6  # values are cut to this many letters when that keeps them uniq
 
 @dataclass(frozen=True)
 class ZebraDifficulty:
-    """Defaults: 3 houses x 2 attributes. 2x2 is very easy; ZebraLogic goes up to 6x6. (The small
-    warm-started model stays at the level of a guess on both 3x2 and 2x2 after 4-5 minutes of
-    supervised training: docs/evals.md, "Headroom".)"""
+    """Defaults: 3 houses x 2 attributes. 2x2 is very easy; ZebraLogic goes up to 6x6. What the small
+    warm-started models reach on them: docs/evals.md, "Headroom"."""
 
     houses: int = 3
     attributes: int = 2
@@ -72,21 +72,18 @@ def _value_names(solution: dict) -> dict[Any, str]:
     return {lit: full[lit] if short[lit] in clashes else short[lit] for lit in full}
 
 
-class Zebra:
+class Zebra(KnobbedFamily[ZebraDifficulty]):
     name = "zebra"
     description = "logic grid puzzle with a unique solution (reasoning-gym generator, compact clues)"
-
-    def __init__(self, **defaults: int) -> None:
-        self.defaults = ZebraDifficulty(**defaults)
+    knobs_type = ZebraDifficulty
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         from reasoning_gym.logic.contrib.logic_puzzle.generate import generate_puzzle
 
-        check_knobs(self.name, difficulty, set(ZebraDifficulty.__dataclass_fields__))
-        knobs = ZebraDifficulty(**{**self.defaults.__dict__, **difficulty})
+        knobs = self.knobs(difficulty)
         out = []
         for i in range(n):
-            rng = seeded_rng(self.name, seed, knobs, i)
+            rng = self.instance_rng(seed, knobs, i)
             _, puzzle = generate_puzzle(Random(rng.randrange(2**31)), knobs.houses, knobs.attributes)
             names = _value_names(puzzle.solution)
             categories: dict[str, list[str]] = {}
@@ -102,7 +99,7 @@ class Zebra:
             clue_text = " ".join(_render_clue(c) for c in clues)
             out.append(
                 TaskInstance(
-                    id=instance_id(self.name, seed, i, knobs),
+                    id=self.instance_id(seed, knobs, i),
                     prompt=f"{knobs.houses} houses. {header}\n{clue_text}\nhouse {house} {category}?",
                     answer=answer,
                     difficulty=f"{knobs.houses}x{knobs.attributes}",
