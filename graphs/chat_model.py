@@ -87,6 +87,9 @@ class EngineChatModel(BaseChatModel):
                     "prompt_ids": gen.prompt_ids,
                     "completion_ids": gen.completion_ids,
                     "logprobs": gen.logprobs,
+                    # what the log-probs are: sampled at this temperature / top_p (graphs/trajectory.py)
+                    "temperature": sampling.temperature if gen.temperature is None else gen.temperature,
+                    "top_p": sampling.top_p if gen.top_p is None else gen.top_p,
                     "text": gen.text,
                 },
             },

@@ -271,6 +271,8 @@ def _turn_record(role: Role, reply: Any) -> Turn:
         logprobs=meta["logprobs"],
         text=meta["text"],
         base_model=meta["base_model"],
+        temperature=meta.get("temperature"),
+        top_p=meta.get("top_p"),
     )
 
 

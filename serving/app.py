@@ -199,6 +199,8 @@ class _TurnRecorder(AsyncCallbackHandler):
             logprobs=list(meta["logprobs"]),
             text=meta["text"],
             base_model=meta["base_model"],
+            temperature=meta.get("temperature"),
+            top_p=meta.get("top_p"),
         )
         index = len(self.turns)
         self.turns.append(turn)
