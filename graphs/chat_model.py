@@ -90,6 +90,9 @@ class EngineChatModel(BaseChatModel):
                     "prompt_ids": gen.prompt_ids,
                     "completion_ids": gen.completion_ids,
                     "logprobs": gen.logprobs,
+                    # what the log-probs are: sampled at this temperature / top_p (graphs/trajectory.py)
+                    "temperature": sampling.temperature if gen.temperature is None else gen.temperature,
+                    "top_p": sampling.top_p if gen.top_p is None else gen.top_p,
                     "text": gen.text,
                 },
             },
@@ -136,6 +139,8 @@ def turn_from_reply(
         logprobs=list(meta["logprobs"]),
         text=meta["text"],
         base_model=meta["base_model"],
+        temperature=meta.get("temperature"),
+        top_p=meta.get("top_p"),
     )
 
 

@@ -26,7 +26,16 @@ LORA_TARGET_MODULES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How a message is sampled. Log-probs are always those of the untempered policy pi (T=1)."""
+    """How a message is sampled, and which log-probs the engine records for it (`Generation.logprobs`):
+
+    - temperature T > 0, top_p = 1: log softmax(logits / T) of the sampled token, the distribution it was
+      drawn from (the behaviour log-prob of pi_T);
+    - T > 0, top_p < 1: the same, renormalised over the nucleus the token was drawn from (the smallest
+      set of tokens whose pi_T mass reaches top_p);
+    - T = 0 (greedy): the log-prob of the untempered policy pi (T = 1), NOT a behaviour log-prob: the
+      greedy policy puts probability 1 on the argmax. A Turn's `temperature` of 0 says so, and the
+      trainer refuses such turns (training/behaviour.py).
+    """
 
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
@@ -45,7 +54,8 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """What an engine returns for one prompt: token ids and behaviour log-probs, never re-tokenised."""
+    """What an engine returns for one prompt: token ids and their log-probs (of the distribution each token
+    was sampled from; see SamplingParams), never re-tokenised."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -56,6 +66,9 @@ class Generation:
     adapter_version: int
     base_model: str = DEFAULT_BASE
     extra: dict = field(default_factory=dict)
+    # what `logprobs` mean (SamplingParams): the temperature and top_p the tokens were sampled with
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 @runtime_checkable

@@ -23,9 +23,16 @@ class Turn:
     adapter_version: int  # registry version of that adapter when the turn was sampled
     prompt_ids: list[int]  # token ids of the context s as the engine saw it
     completion_ids: list[int]  # token ids of the message m
-    logprobs: list[float]  # behaviour log pi_j(x_u | s, x_<u) for each completion token
+    logprobs: list[float]  # log-prob of each completion token under the distribution it was sampled from
     text: str  # decoded message text
     base_model: str = "base"  # key of the base model in the engine (heterogeneous teams)
+    # How the message was sampled, i.e. what `logprobs` are (graphs/engine.py SamplingParams):
+    # T > 0: log softmax(logits / T) (top_p < 1: renormalised over the nucleus), behaviour log-probs;
+    # T = 0: greedy, `logprobs` are those of pi at T = 1 and NOT behaviour log-probs.
+    # None: unknown (a turn recorded before these fields existed: its log-probs were those of pi at
+    # T = 1 whatever the sampling temperature was).
+    temperature: float | None = None
+    top_p: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logprobs):
@@ -33,6 +40,12 @@ class Turn:
                 f"turn of role {self.role!r}: {len(self.completion_ids)} completion tokens but "
                 f"{len(self.logprobs)} log-probs"
             )
+
+    @property
+    def is_behaviour_sample(self) -> bool:
+        """True when `logprobs` are the log-probs of the distribution the tokens were drawn from at a
+        known temperature > 0 (greedy turns and turns of unknown temperature are not)."""
+        return self.temperature is not None and self.temperature > 0
 
     @property
     def logprob_sum(self) -> float:

@@ -259,8 +259,12 @@ class EmbeddedEngine:
         completions: list[list[int]],
         adapter: str | None | list[str | None],
         base: str = DEFAULT_BASE,
+        temperature: float = 1.0,
     ) -> list[torch.Tensor]:
-        """log pi(x_u | prompt, x_<u) for each completion token, differentiable (the trainer's path)."""
+        """log pi(x_u | prompt, x_<u) for each completion token, differentiable (the trainer's path).
+        `temperature` T > 0 gives log pi_T = log softmax(logits / T), what sampling at T records."""
+        if temperature <= 0:
+            raise ValueError("token_logprobs needs a temperature > 0 (greedy has no log-probs to score)")
         if len(prompts) != len(completions):
             raise ValueError("prompts and completions differ in length")
         if not prompts:
@@ -277,6 +281,8 @@ class EmbeddedEngine:
         adapters = adapter if isinstance(adapter, list) else [adapter] * len(seqs)
         with self._adapters_for(b, adapters) as kwargs:
             logits = b.model(input_ids=ids, attention_mask=mask, **kwargs).logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
@@ -342,6 +348,8 @@ class EmbeddedEngine:
             adapter=adapter,
             adapter_version=version,
             base_model=base,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
         )
 
     async def _worker(self, base: str) -> None:
@@ -405,8 +413,8 @@ class EmbeddedEngine:
                 self.forward_batches += 1
                 past = out["cache"] if "cache" in out else out["past_key_values"]
                 logits = out.logits[:, -1].float()
-                logp = torch.log_softmax(logits, dim=-1)  # untempered policy: the behaviour log-probs
-                next_tokens = _sample_rows(logits, temps, top_ps, gens)
+                # log-probs of the distribution each row sampled from (SamplingParams says which)
+                next_tokens, logp = _sample_rows(logits, temps, top_ps, gens)
                 chosen = logp.gather(1, next_tokens[:, None])[:, 0].tolist()
                 for i, (r, t) in enumerate(zip(batch, next_tokens.tolist(), strict=True)):
                     if done[i]:
@@ -450,10 +458,14 @@ def _hits_stop(texts: list[str], i: int, piece: str, stops: tuple[str, ...]) -> 
 
 def _sample_rows(
     logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, gens: list[torch.Generator | None]
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row: greedy where T = 0, else temperature + nucleus sampling by the Gumbel-max trick,
     with each row's noise drawn from its own seeded generator (so a row's sample does not depend on the
-    other rows of the batch)."""
+    other rows of the batch).
+
+    Also returns [rows, V] log-probs of the distribution each row sampled from: log softmax(logits / T),
+    -inf outside the nucleus and renormalised over it when top_p < 1; for greedy rows (a degenerate
+    distribution) the log-probs of the untempered policy, log softmax(logits)."""
     greedy = temps == 0
     scaled = logits / torch.where(greedy, 1.0, temps)[:, None]
     if bool((top_ps < 1).any()):  # nucleus: keep the smallest set of tokens whose mass reaches top_p
@@ -461,8 +473,9 @@ def _sample_rows(
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         drop_sorted = sorted_p.cumsum(-1) - sorted_p >= top_ps[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
+        scaled = scaled.masked_fill(drop & ~greedy[:, None], float("-inf"))
     u = torch.stack([torch.rand(logits.shape[1], generator=g) for g in gens])
     gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
     sampled = torch.argmax(scaled + gumbel, dim=-1)
-    return torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+    tokens = torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+    return tokens, torch.log_softmax(scaled, dim=-1)  # greedy rows: scaled is the untempered logits

@@ -56,6 +56,8 @@ TURN_TEXT = "teamtr.turn.text"
 TURN_PROMPT_IDS = "teamtr.turn.prompt_ids"
 TURN_COMPLETION_IDS = "teamtr.turn.completion_ids"
 TURN_LOGPROBS = "teamtr.turn.logprobs"
+TURN_TEMPERATURE = "teamtr.turn.temperature"  # what the log-probs are (graphs/trajectory.py Turn)
+TURN_TOP_P = "teamtr.turn.top_p"
 REWARD = "teamtr.reward"
 FEEDBACK_COMMENT = "teamtr.feedback.comment"
 
@@ -147,6 +149,10 @@ class TeamTracer:
             attributes[TURN_PROMPT_IDS] = tuple(int(i) for i in turn.prompt_ids)
             attributes[TURN_COMPLETION_IDS] = tuple(int(i) for i in turn.completion_ids)
             attributes[TURN_LOGPROBS] = tuple(float(x) for x in turn.logprobs)
+            if turn.temperature is not None:
+                attributes[TURN_TEMPERATURE] = float(turn.temperature)
+            if turn.top_p is not None:
+                attributes[TURN_TOP_P] = float(turn.top_p)
         span = self._tracer.start_span(
             f"{OP_CHAT} {model}",
             context=trace.set_span_in_context(episode),
@@ -214,6 +220,8 @@ def _turn_from_span(span: StoredSpan) -> Turn:
         logprobs=[float(x) for x in a[TURN_LOGPROBS]],
         text=a[TURN_TEXT],
         base_model=a.get(TURN_BASE, "base"),
+        temperature=float(a[TURN_TEMPERATURE]) if TURN_TEMPERATURE in a else None,
+        top_p=float(a[TURN_TOP_P]) if TURN_TOP_P in a else None,
     )
 
 

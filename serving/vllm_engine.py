@@ -7,8 +7,10 @@ reference policy (adapter None) is served through the null adapter below.
 Exactness, nothing re-tokenised:
 - prompts go to `/v1/completions` as TOKEN IDS, and `return_tokens_as_token_ids` makes the server
   report each sampled token as `token_id:N`, so completion ids and their log-probs come back as sampled;
-- the server runs with `--logprobs-mode raw_logprobs` (see vllm_server.LOGPROBS_MODE): log-probs of the
-  untempered policy, before temperature and top-p, as `Generation.logprobs` promises;
+- the server runs with `--logprobs-mode processed_logprobs` (see vllm_server.LOGPROBS_MODE): the log-probs
+  of the distribution each token was sampled from, after temperature and top-p (renormalised over the
+  nucleus), as `Generation.logprobs` promises (graphs/engine.py SamplingParams); greedy requests
+  (T = 0) get those of the untempered policy, so they are sent with top_p = 1 (the argmax is the same);
 - `score` echoes prompt + completion with temperature 1 and reads the prompt log-probs back.
 
 The base policy goes through a "null" adapter (rank 1, all zeros, so exactly the base): vLLM 0.32's CPU
@@ -303,7 +305,8 @@ class VLLMEngine:
             "prompt": list(prompt_ids),
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
+            # greedy: the argmax is the same, and the recorded log-probs stay those of pi at T = 1
+            "top_p": sampling.top_p if sampling.temperature > 0 else 1.0,
             "logprobs": 0,  # the sampled token's own log-prob only
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": True,
@@ -347,6 +350,8 @@ class VLLMEngine:
             adapter=adapter,
             adapter_version=version,
             base_model=base,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
             extra={"engine": "vllm", "request_id": body.get("id"), "stop_reason": choice.get("stop_reason")},
         )
 

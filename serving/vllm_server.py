@@ -31,9 +31,10 @@ DEFAULT_VLLM_PYTHON = REPO_ROOT / ".vllm-venv" / "bin" / "python"
 # Environment variable that overrides the default interpreter (e.g. a CUDA vllm environment).
 VLLM_PYTHON_ENV = "TEAMTR_VLLM_PYTHON"
 
-# Log-probs of the sampled tokens as the model computes them, before temperature / top-p: our convention
-# (Generation.logprobs are log-probs of the untempered policy). "processed_logprobs" would be tempered.
-LOGPROBS_MODE = "raw_logprobs"
+# Log-probs of the distribution each token was sampled from, after temperature / top-p (renormalised over
+# the nucleus): what Generation.logprobs promise (graphs/engine.py SamplingParams). "raw_logprobs" would
+# be those of the untempered policy whatever the sampling temperature.
+LOGPROBS_MODE = "processed_logprobs"
 
 
 class VLLMServerError(RuntimeError):

@@ -83,17 +83,21 @@ async def test_stop_string_ends_the_message_and_stays_in_the_text(vllm_engine: V
     assert stopped.text.endswith(pieces[cut])
 
 
-async def test_sampled_logprobs_are_the_untempered_policy_and_match_transformers(
+async def test_sampled_logprobs_match_transformers_and_scoring_is_untempered(
     vllm_engine: VLLMEngine, embedded: EmbeddedEngine
 ) -> None:
-    """Sampled at temperature 0.7 / top-p 0.9, the reported log-probs are still those of pi (T=1):
-    the server runs with --logprobs-mode raw_logprobs."""
+    """Sampled at temperature 1, the reported log-probs are those of pi and match transformers; scoring is
+    at T = 1 whatever the tokens were sampled at. (At other temperatures and with a nucleus the recorded
+    log-probs are those of the sampling distribution: tests/test_behaviour_logprobs_vllm.py.)"""
     ids = prompt(vllm_engine, "7+8+9=")
-    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=24, seed=3)
-    gen = await vllm_engine.generate(ids, adapter=None, sampling=sampling)
+    gen = await vllm_engine.generate(ids, adapter=None, sampling=SamplingParams(max_new_tokens=24, seed=3))
     exact = embedded.score([ids], [gen.completion_ids], None)[0]
     assert max_gap(gen.logprobs, exact) < TOLERANCE
-    served_score = vllm_engine.score([ids], [gen.completion_ids], None)[0]
+    tempered = await vllm_engine.generate(
+        ids, adapter=None, sampling=SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=24, seed=3)
+    )
+    exact = embedded.score([ids], [tempered.completion_ids], None)[0]
+    served_score = vllm_engine.score([ids], [tempered.completion_ids], None)[0]
     assert max_gap(served_score, exact) < TOLERANCE
 
 

@@ -26,7 +26,7 @@ def test_command_line_has_the_settings_that_make_log_probs_exact(tmp_path: Path)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     flags = dict(zip(cmd[3::1], cmd[4::1], strict=False))
     assert flags["--dtype"] == "float32"
-    assert flags["--logprobs-mode"] == LOGPROBS_MODE == "raw_logprobs"
+    assert flags["--logprobs-mode"] == LOGPROBS_MODE == "processed_logprobs"
     assert flags["--host"] == "127.0.0.1" and flags["--port"] == "8123"
     assert flags["--served-model-name"] == "my-model"
     assert flags["--max-lora-rank"] == "32"

@@ -55,7 +55,9 @@ class RolloutConfig(_Strict):
 
     prompts_per_update: int = Field(16, ge=1)  # B
     group_size: int = Field(8, ge=2)  # G: episodes per prompt (group-normalised advantages need >= 2)
-    temperature: float = Field(1.0, gt=0)  # behaviour policy = pi at this temperature
+    # sampling temperature of the rollouts: the trainer trains pi_T = softmax(logits / T) at this T (its
+    # log pi_cur / pi_new are computed at T); turns sampled otherwise are refused (training/behaviour.py)
+    temperature: float = Field(1.0, gt=0)
 
 
 class LossConfig(_Strict):
@@ -130,6 +132,10 @@ class TrustRegionConfig(_Strict):
     beta_max: float = 1e3
     early_stop: bool = True
     max_backtracks: int = Field(3, ge=0)  # K
+    # Out-of-sample monitor (not enforced): before each update, this many held-out episodes of the
+    # current team (own prompts and seeds, never trained on); after it, the exact vocabulary-sum
+    # KL(pi_cur || pi_new) per message of the updated role on them (`kl_out_of_sample`). 0 = off.
+    monitor_episodes: int = Field(8, ge=0)
 
 
 class CertificateConfig(_Strict):

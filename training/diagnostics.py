@@ -1,6 +1,7 @@
 """What the trainer measures around each update, beside the step itself (docs/training.md, "Certificate
 and diagnostics"): the stale gap, the occupancy divergence, the ESS of importance weights, the log-prob
-gap between the engine and the trainer, and the adapter versions a batch was sampled with.
+gap between the engine and the trainer, the adapter versions a batch was sampled with, and the
+out-of-sample trust-region monitor (KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from teamtr.graphs.trajectory import Turn
+from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.training.advantages import advantages_for
 from teamtr.training.config import LossConfig
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, surrogate
+from teamtr.training.vocab_kl import Side, completion_mask, full_logprobs, token_kl_per_message
+
+MONITOR_CHUNK = 8  # messages per forward pass of the out-of-sample monitor ([M, T, V] log-probs)
 
 
 def logprob_gap(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
@@ -127,3 +131,83 @@ class StaleGap:
     def _is_update_batch(ctx: UpdateContext[RolloutBatch], name: str) -> bool:
         batch = ctx.stage_start_batch if name == "stale" else ctx.fresh_batch
         return batch is ctx.batch and not ctx.reweight
+
+
+@dataclass
+class OutOfSampleKL:
+    """The out-of-sample trust-region monitor: KL(pi_cur || pi_new) of the updated role on contexts it was
+    not fitted on. `before` takes role j's messages in held-out episodes of the current team (sampled
+    before the update, never trained on: the contexts j meets, with messages of pi_cur) and pi_cur's
+    weights; `after` computes, at each message position, the exact next-token KL over the vocabulary
+    (training/vocab_kl.py, the computation Stage-0 uses), sums it per message (the unit of eq. 11) and
+    averages over messages. By the chain rule this is an unbiased estimate of the message-level
+    KL(pi_cur || pi_new) on those contexts. A rejected update restored pi_cur exactly: 0."""
+
+    policy: AdapterPolicy
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    weights_before: dict[str, torch.Tensor]
+
+    @classmethod
+    def before(cls, trajectories: list[Trajectory], role: str, policy: AdapterPolicy) -> OutOfSampleKL:
+        turns = [t for traj in trajectories for t in traj.turns_of(role) if t.completion_ids]
+        return cls(
+            policy,
+            [t.prompt_ids for t in turns],
+            [t.completion_ids for t in turns],
+            policy.weights() if turns else {},
+        )
+
+    def per_message(self) -> torch.Tensor:
+        """[M] KL(pi_cur || pi_new) of each held-out message (pi_T at the policy's temperature)."""
+        policy = self.policy
+        side = Side(policy.engine, policy.base, policy.adapter)
+        after = policy.weights()
+        out: list[torch.Tensor] = []
+        with torch.no_grad():
+            for s in range(0, len(self.prompts), MONITOR_CHUNK):
+                prompts, completions = (
+                    self.prompts[s : s + MONITOR_CHUNK],
+                    self.completions[s : s + MONITOR_CHUNK],
+                )
+                new = full_logprobs(side, prompts, completions, policy.temperature)
+                policy.load_weights(self.weights_before)  # pi_cur, then pi_new back exactly
+                try:
+                    cur = full_logprobs(side, prompts, completions, policy.temperature)
+                finally:
+                    policy.load_weights(after)
+                out.append(token_kl_per_message(cur, new, completion_mask(completions, cur.shape[1])))
+        return torch.cat(out)
+
+    def after(self, delta: float, per_token: bool) -> dict[str, float | int | bool | None]:
+        """The update record's fields: mean KL per message and per token, how many messages, and
+        whether the monitored value (per token when the region is per token) exceeded delta."""
+        if not self.prompts:
+            return {
+                "kl_out_of_sample": None,
+                "kl_out_of_sample_token": None,
+                "kl_out_of_sample_messages": 0,
+                "left_region_out_of_sample": None,
+            }
+        kl = self.per_message()
+        tokens = sum(len(c) for c in self.completions)
+        message_mean, token_mean = float(kl.mean()), float(kl.sum()) / tokens
+        return {
+            "kl_out_of_sample": message_mean,
+            "kl_out_of_sample_token": token_mean,
+            "kl_out_of_sample_messages": len(self.prompts),
+            "left_region_out_of_sample": (token_mean if per_token else message_mean) > delta,
+        }
+
+
+def out_of_sample_summary(updates: list[dict]) -> dict[str, float | None]:
+    """Per run: the fraction of monitored updates whose out-of-sample KL exceeded delta (the paper's
+    violation rate) and the mean out-of-sample KL; None when no update was monitored."""
+    flags = [
+        u["left_region_out_of_sample"] for u in updates if u.get("left_region_out_of_sample") is not None
+    ]
+    values = [u["kl_out_of_sample"] for u in updates if u.get("kl_out_of_sample") is not None]
+    return {
+        "left_region_out_of_sample_fraction": float(np.mean(flags)) if flags else None,
+        "kl_out_of_sample_mean": float(np.mean(values)) if values else None,
+    }

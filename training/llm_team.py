@@ -22,11 +22,13 @@ import torch
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.certificate import CertificateTerm
 from teamtr.training.checkpoint import adapter_dir, save_peft_adapter
 from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import (
+    OutOfSampleKL,
     StaleGap,
     ess_fraction,
     importance_weights,
@@ -56,6 +58,7 @@ class RunState:
     step: int = 0  # updates completed in the whole run
     train_tokens: int = 0  # completion tokens of rollouts used for training
     diagnostic_tokens: int = 0  # completion tokens sampled only for the stale-gap diagnostic
+    monitor_tokens: int = 0  # completion tokens of the out-of-sample KL monitor's held-out episodes
     betas: dict[str, float] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out return before stage 0, after each
     stage_certificates: list[float | None] = field(default_factory=list)
@@ -102,7 +105,9 @@ class LLMStageTeam:
             optimizer = torch.optim.AdamW(
                 list(params.values()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
             )
-            self.policies[r.adapter] = AdapterPolicy(engine, r.adapter, r.base_model, params, optimizer)
+            self.policies[r.adapter] = AdapterPolicy(
+                engine, r.adapter, r.base_model, params, optimizer, temperature=cfg.rollout.temperature
+            )
             self.state.betas.setdefault(r.name, cfg.trust_region.beta_init)
         self.stage_start_weights: dict[str, dict[str, torch.Tensor]] = {}  # pi^0 of the current stage
         self.stage_batches: dict[str, RolloutBatch] = {}  # this stage's batches (checkpointed)
@@ -144,6 +149,24 @@ class LLMStageTeam:
         self.progress.rollout(stage, index, len(trajectories))
         return batch
 
+    def monitor_episodes(self, stage: int, index: int) -> list[Trajectory]:
+        """Held-out episodes of the current team for the out-of-sample KL monitor: their own prompts and
+        seeds (derived from (stage, index), so no training random state is consumed), never trained on."""
+        n = self.cfg.trust_region.monitor_episodes
+        if n == 0:
+            return []
+        prompts = self.task.generate(
+            n, seed=derive_seed(self.cfg.task.train_seed, "kl-monitor", stage, index)
+        )
+        trajectories = self.team.run(
+            prompts,
+            group_size=1,
+            verifier=self.task,
+            seed=derive_seed(self.cfg.seed, "kl-monitor", stage, index),
+        )
+        self.state.monitor_tokens += sum(t.num_tokens for t in trajectories)
+        return trajectories
+
     # ---- one update: the step, with what is measured and kept around it -------------------------------
     def update(self, ctx: UpdateContext[RolloutBatch]) -> LoggedUpdate:
         done = self.replay_updates.get((ctx.stage, ctx.index, ctx.role))
@@ -156,6 +179,7 @@ class LLMStageTeam:
         # importance_weighting schedule: the stale batch of pi^0 reweighted towards pi^(i-1)
         weights = importance_weights(ctx.batch, self.policies) if ctx.reweight else None
         stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
+        monitor = OutOfSampleKL.before(self.monitor_episodes(ctx.stage, ctx.index), ctx.role, policy)
 
         step = teamtr_step(
             ctx.batch,
@@ -190,12 +214,14 @@ class LLMStageTeam:
                 if ctx.index >= 2 and ctx.fresh_batch is not None
                 else None
             ),
+            **monitor.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token),
         }
         self.state.step += 1
         record = update_record(ctx, role, step, self.cfg, diagnostics, versions_before)
         record.update(
             train_tokens=self.state.train_tokens,
             diagnostic_tokens=self.state.diagnostic_tokens,
+            monitor_tokens=self.state.monitor_tokens,
             seconds=time.perf_counter() - t0,
         )
         self.metrics.log("update", self.state.step, **record)

@@ -27,25 +27,32 @@ class AdapterPolicy:
     params: dict[str, torch.nn.Parameter]
     # one optimizer per adapter: a shared AdamW would move inactive adapters through their momentum
     optimizer: torch.optim.Optimizer
+    # the policy trained is pi_T = softmax(logits / T), the distribution rollouts sample from
+    # (training/behaviour.py refuses turns sampled otherwise; docs/training.md "Sampling temperature")
+    temperature: float = 1.0
 
     def logp(self, msgs: RoleMessages, grad: bool) -> torch.Tensor:
-        """[M, T] log pi(x_u | s, x_<u) of msgs' completion tokens (padding 0)."""
+        """[M, T] log pi_T(x_u | s, x_<u) of msgs' completion tokens (padding 0)."""
         if len(msgs) == 0:
             return torch.zeros_like(msgs.mask)
 
         def fn(p: list[list[int]], c: list[list[int]]) -> list[torch.Tensor]:
-            return self.engine.token_logprobs(p, c, self.adapter, self.base)
+            return self.engine.token_logprobs(p, c, self.adapter, self.base, self.temperature)
 
         with torch.set_grad_enabled(grad):
             return padded_logprobs(fn, msgs, SCORE_CHUNK)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
-        """Per-message log-probs of completions at the current weights, without a gradient."""
+        """Per-message log pi_T of completions at the current weights, without a gradient."""
         out: list[torch.Tensor] = []
         with torch.no_grad():
             for s in range(0, len(prompts), SCORE_CHUNK):
                 out += self.engine.token_logprobs(
-                    prompts[s : s + SCORE_CHUNK], completions[s : s + SCORE_CHUNK], self.adapter, self.base
+                    prompts[s : s + SCORE_CHUNK],
+                    completions[s : s + SCORE_CHUNK],
+                    self.adapter,
+                    self.base,
+                    self.temperature,
                 )
         return out
 

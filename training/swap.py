@@ -37,7 +37,6 @@ import dataclasses
 import math
 import shutil
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -65,6 +64,7 @@ from teamtr.training.checkpoint import (
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import METRICS_FILE, MetricsLog
 from teamtr.training.trainer import held_out_return, load_roles, with_bases, with_temperature
+from teamtr.training.vocab_kl import Side, completion_mask, full_logprobs, token_kl_per_message
 
 Divergence = Literal["auto", "token", "text"]
 Target = Literal["incumbent", "mixture"]
@@ -245,47 +245,6 @@ def probes_from(trajectories: Sequence[Trajectory], role: Role, prompts: dict[st
 # 2. STAGE-0: the divergence and its minimisation
 
 
-@dataclass
-class Side:
-    """One model in the divergence: a base of the engine with an adapter (None = the base itself)."""
-
-    engine: EmbeddedEngine
-    base: str
-    adapter: str | None
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.engine.tokenizer(self.base)
-
-
-def full_logprobs(side: Side, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
-    """[M, T, V] log pi(. | prompt, x_<u) at each completion position (right-padded to T; grads on)."""
-    model = side.engine.model(side.base)
-    pad = side.tokenizer.pad_token_id
-    seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    peft = hasattr(model, "disable_adapter")
-    if peft and side.adapter is None:
-        ctx = model.disable_adapter()
-    else:
-        if peft:
-            model.set_adapter(side.adapter)
-        ctx = nullcontext()
-    with ctx:
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-    logp = torch.log_softmax(logits, dim=-1)
-    t_max = max(len(c) for c in completions)
-    out = logp.new_zeros((len(seqs), t_max, logp.shape[-1]))
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        out[i, : len(c)] = logp[i, len(p) - 1 : len(p) - 1 + len(c)]
-    return out
-
-
 def sequence_logprob(side: Side, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
     """[M] log pi(m | s) = sum_u log pi(x_u | s, x_<u) (0 for an empty completion)."""
     out = torch.zeros(len(prompts))
@@ -441,16 +400,13 @@ class Aligner:
         with torch.set_grad_enabled(grad):
             if self.mode == "token":
                 q = full_logprobs(self.new, s.new_prompts, s.new_completions)
-                mask = torch.zeros(q.shape[:2])
-                for i, c in enumerate(s.new_completions):
-                    mask[i, : len(c)] = 1
+                mask = completion_mask(s.new_completions, q.shape[1])
                 if target == "incumbent":
                     with torch.no_grad():
                         t = full_logprobs(self.inc, s.inc_prompts, s.inc_completions)
                 else:
                     t = self._target_logp(s)
-                kl_tok = (q.exp() * (q - t)).sum(-1)  # exact KL(q || t) at each position
-                kl_msg = (kl_tok * mask).sum(-1)  # token-decomposed: sum over the message's tokens
+                kl_msg = token_kl_per_message(q, t, mask)
                 return kl_msg.mean(), kl_msg.detach()
             log_q = sequence_logprob(self.new, s.new_prompts, s.new_completions)
             log_t = sequence_logprob(self.inc, s.inc_prompts, s.inc_completions).detach()

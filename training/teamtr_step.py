@@ -4,7 +4,7 @@
 line to its equation, (A), (10), (11), (T) there:
 
     ADV       A_g = clip((R_g - mean_G R) / sqrt(var_G R + eps), -A_clip, A_clip)            (A)
-    CACHE     log pi_cur of j's sampled tokens
+    CACHE     log pi_cur of j's sampled tokens (at the rollout temperature; training/behaviour.py)
     OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages                (10)
     MONITOR   d_hat <= delta, else undo exactly, lr / 2, beta * 2 (at most K times; then reject)  (11)
     CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma)                        (T)
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from teamtr.training.advantages import Advantages, advantages_for
+from teamtr.training.behaviour import require_on_policy
 from teamtr.training.certificate import CertificateTerm, certificate_constant
 from teamtr.training.config import LossConfig, TrainConfig
 from teamtr.training.losses import (
@@ -75,6 +76,8 @@ def teamtr_step(
     minibatch_seed(attempt) seeds the minibatch order of each attempt; episode_weights reweight a stale
     batch towards the current team (importance_weighting schedule)."""
     tr = cfg.trust_region
+    # the batch must be samples of pi_T, the policy trained (training/behaviour.py says why not)
+    require_on_policy(batch.trajectories, policy.temperature)
     # ADV (A): bounded group-normalised advantage of every episode, one group per prompt
     adv = advantages_for(batch.rewards, batch.groups, cfg.loss)
     # only j's tokens enter its loss; each of its messages carries its episode's A_g

@@ -42,6 +42,7 @@ from teamtr.training.checkpoint import (
     set_rng_state,
 )
 from teamtr.training.config import TrainConfig
+from teamtr.training.diagnostics import out_of_sample_summary
 from teamtr.training.llm_team import LLMStageTeam, RunState, with_temperature
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.progress import TrainingProgress
@@ -292,11 +293,14 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "updates": state.step,
         "train_tokens": state.train_tokens,
         "diagnostic_tokens": state.diagnostic_tokens,
+        "monitor_tokens": state.monitor_tokens,
         "eval_accuracy": [e["accuracy"] for e in state.evals],
         "certificate_rank_correlation": rank_correlation([c for c, _ in measured], [d for _, d in measured]),
         # the paper's "fraction of updates that left the region": first attempt ended with d_hat > delta
         "left_region_fraction": float(np.mean([u["left_region"] for u in updates])) if updates else 0.0,
         "rejected_fraction": float(np.mean([not u["accepted"] for u in updates])) if updates else 0.0,
+        # the same on held-out contexts, after the update: exact KL(pi_cur || pi_new) > delta
+        **out_of_sample_summary(updates),
     }
 
 
