@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serving_fixtures import make_run_dir
+from serving_fixtures import make_run_dir, serve_in_background
 from test_training_trainer import small_config, train  # importing it registers the trainer tests' task
 from transformers import AutoModelForCausalLM
 
@@ -156,14 +156,14 @@ def test_trainer_trains_pi_at_the_rollout_temperature(tmp_path):
 
 
 def test_served_turns_are_greedy_and_refused_by_the_trainer(tiny_model_dir, tmp_path):
-    from teamtr.cli.serve import BackgroundServer, ServeConfig
+    from teamtr.cli.serve import ServeConfig
     from teamtr.serving.tracing import trajectories_from_store
 
     run_dir = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     db = tmp_path / "traces.db"
     recorded: list[Trajectory] = []
     config = ServeConfig.from_run_dir(run_dir, "chain", tracing={"sqlite_path": str(db)})
-    server = BackgroundServer(config, on_trajectory=recorded.append)
+    server = serve_in_background(config, on_trajectory=recorded.append)
     with server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         reply = client.chat.completions.create(
