@@ -94,12 +94,13 @@ class _Base:
         self.reference = str(reference)
         self.path = resolve_model(reference, progress=True).path  # a folder, a hub id, or a prepared GGUF
         try:
-            self.tokenizer = load_tokenizer(self.path)
             self.model: PreTrainedModel | PeftModel = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
-        except OSError as e:  # a hub id that is not on the hub / no hub reachable, a folder without weights
+            self.tokenizer = load_tokenizer(self.path)
+        except (OSError, ValueError) as e:  # a hub id not on the hub / no hub reachable, a folder without weights
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ModelReferenceError(
-                f"model {self.reference!r} could not be loaded ({e}); give a local Hugging Face folder, a .gguf "
-                "file, or a hub id reachable from this machine"
+                f"model {self.reference!r} could not be loaded ({reason}); give a local Hugging Face folder, "
+                "a .gguf file, or a hub id reachable from this machine"
             ) from e
         self.model.to(device)
         self.model.eval()
