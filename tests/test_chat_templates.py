@@ -3,7 +3,7 @@ templates without a system role or with strict alternation render, template kwar
 
 The templates are test data (Jinja strings in the style of ChatML, Llama 3, Gemma, a name-rendering one
 and Qwen 3's thinking switch) on the character tokenizer, so every check runs in milliseconds; one test
-renders through the real SmolLM2 tokenizer (tests/test_models.py prepares it).
+renders a team through the real SmolLM2 tokenizer: tests/test_models.py.
 """
 
 from __future__ import annotations
@@ -188,3 +188,32 @@ def _tool_message():
     from langchain_core.messages import ToolMessage
 
     return ToolMessage("result", tool_call_id="1")
+
+
+def test_a_team_on_the_engine_renders_through_its_chat_format(tmp_path):
+    """End to end: the prompt each role's turn records is the ChatML context with the authors written in."""
+    from conftest import build_tiny_model
+
+    from teamtr.graphs.engine import SamplingParams
+    from teamtr.graphs.team import Team
+    from teamtr.serving.embedded import EmbeddedEngine
+
+    model = build_tiny_model(tmp_path / "chatml-model")
+    tok = build_char_tokenizer()
+    tok.chat_template = CHATML
+    tok.save_pretrained(model)
+    engine = EmbeddedEngine(model, device="cpu")
+    sampling = SamplingParams(max_new_tokens=4)
+    roles = [Role(f"adder{k}", f"You are adder{k}.", sampling=sampling) for k in (1, 2, 3)]
+    team = Team.from_engine(roles, engine, chat_format=ChatFormat(name_prefix="<{name}> "))
+    turns = team.run([_task("3+7+9+5")], seed=0)[0].turns
+    last = engine.tokenizer().decode(turns[2].prompt_ids)
+    assert last.startswith("<|im_start|>system\nYou are adder3.<|im_end|>\n<|im_start|>user\n3+7+9+5<|im_end|>\n")
+    assert f"<|im_start|>user\n<adder1> {turns[0].text}<|im_end|>\n" in last
+    assert last.endswith(f"<|im_start|>user\n<adder2> {turns[1].text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def _task(prompt: str):
+    from teamtr.graphs.task import TaskInstance
+
+    return TaskInstance(id="t", prompt=prompt, answer=None)

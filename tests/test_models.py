@@ -160,28 +160,28 @@ def test_a_gpu_asked_for_where_there_is_none_fails_before_loading():
 def test_auto_is_float32_on_the_cpu_and_bfloat16_runs(tiny_model_dir):
     if not torch.cuda.is_available():
         assert EmbeddedEngine(tiny_model_dir).model().dtype == torch.float32
-    engine = EmbeddedEngine(tiny_model_dir, device="cpu", dtype="bfloat16", adapters={"a": None})
+    engine = EmbeddedEngine(tiny_model_dir, device="cpu", dtype="bfloat16", adapters={"solver": None})
     assert engine.dtype == torch.bfloat16
     assert {p.dtype for n, p in engine.model().named_parameters() if "lora_" not in n} == {torch.bfloat16}
     ids = engine.tokenizer()("1+2=", add_special_tokens=False)["input_ids"]
-    gen = generate(engine, ids, SamplingParams(max_new_tokens=6, seed=3), adapter="a")
+    gen = generate(engine, ids, SamplingParams(max_new_tokens=6, seed=3), adapter="solver")
     assert len(gen.completion_ids) == len(gen.logprobs) >= 1
     assert all(math.isfinite(x) and x <= 0 for x in gen.logprobs)
-    rescored = engine.score([ids], [gen.completion_ids], "a")[0]
+    rescored = engine.score([ids], [gen.completion_ids], "solver")[0]
     assert max(abs(a - b) for a, b in zip(rescored, gen.logprobs, strict=True)) < 0.05  # bf16 batch shapes
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_engine_matches_the_cpu(tiny_model_dir):
-    cpu = EmbeddedEngine(tiny_model_dir, device="cpu", dtype="float32", adapters={"a": None})
-    gpu = EmbeddedEngine(tiny_model_dir, device="cuda", dtype="float32", adapters={"a": None})
+    cpu = EmbeddedEngine(tiny_model_dir, device="cpu", dtype="float32", adapters={"solver": None})
+    gpu = EmbeddedEngine(tiny_model_dir, device="cuda", dtype="float32", adapters={"solver": None})
     assert gpu.device.type == "cuda" and next(gpu.model().parameters()).is_cuda
     ids = cpu.tokenizer()("3+4=", add_special_tokens=False)["input_ids"]
     seeded = SamplingParams(max_new_tokens=8, seed=11)
-    a, b = generate(cpu, ids, seeded, "a"), generate(gpu, ids, seeded, "a")
+    a, b = generate(cpu, ids, seeded, "solver"), generate(gpu, ids, seeded, "solver")
     assert a.completion_ids == b.completion_ids  # the noise is drawn on the CPU: same seed, same tokens
     assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
-    grads = gpu.token_logprobs([ids], [b.completion_ids], "a")[0]
+    grads = gpu.token_logprobs([ids], [b.completion_ids], "solver")[0]
     assert grads.is_cuda and grads.requires_grad
 
 
