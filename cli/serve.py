@@ -43,6 +43,7 @@ from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
+from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import AdapterRegistry, version_dirs
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
 
@@ -146,7 +147,8 @@ def with_temperature(roles: list[Role], temperature: float | None) -> list[Role]
 
 def model_dir(config: ServeConfig) -> Path:
     if config.model is not None:  # a path (relative to the run / config), else a hub id or GGUF name
-        return config.path(config.model) if config.path(config.model).exists() else Path(config.model)
+        local = config.path(config.model)
+        return Path(resolve_model(local if local.exists() else config.model, progress=True).path)
     from teamtr.training.warmstart import ensure_warm_model
 
     return Path(ensure_warm_model())
