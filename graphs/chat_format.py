@@ -130,6 +130,22 @@ def template_traits(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = 
         system="refused" if with_system is None else ("rendered" if marker in with_system else "dropped"),
         strict_alternation=as_user is None,
     )
+    # a whole team context, adapted, must render: otherwise fail now, not at a role's first turn
+    sample = [
+        {"role": "system", "content": "s"},
+        task,
+        {"role": "user", "content": "m1", "name": "other"},
+        {"role": "assistant", "content": "m2", "name": "self"},
+        {"role": "user", "content": "m3", "name": "other"},
+        {"role": "user", "content": "m4", "name": "third"},
+    ]
+    try:
+        _render(tokenizer, _adapt(sample, traits, DEFAULT_FORMAT), kwargs)
+    except Exception as e:
+        raise ChatTemplateError(
+            f"model {_model_name(tokenizer)!r}: its chat template cannot render a team's context even "
+            f"adapted to it ({e}); give the tokenizer another template"
+        ) from e
     _TRAITS[key] = traits
     return traits
 
@@ -140,8 +156,11 @@ def adapt_chat_dicts(
     """The dicts the template renders: authorship written in where needed, the system prompt folded
     into the first user turn where the template has none, same-role turns merged where it alternates."""
     fmt = chat_format or DEFAULT_FORMAT
-    traits = template_traits(tokenizer, fmt.template_kwargs)
-    dicts = to_chat_dicts(messages)
+    return _adapt(to_chat_dicts(messages), template_traits(tokenizer, fmt.template_kwargs), fmt)
+
+
+def _adapt(dicts: list[dict[str, str]], traits: TemplateTraits, fmt: ChatFormat) -> list[dict[str, str]]:
+    dicts = [dict(d) for d in dicts]
     prefix = fmt.authorship == "prefix" or (
         fmt.authorship == "auto" and traits.renders_roles and (not traits.renders_names or traits.strict_alternation)
     )

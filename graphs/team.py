@@ -25,7 +25,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from teamtr.graphs.chat_format import ChatFormat
+from teamtr.graphs.chat_format import ChatFormat, template_traits
 from teamtr.graphs.chat_model import METADATA_KEY, EngineChatModel
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
@@ -137,6 +137,8 @@ class Team:
             )
             for r in roles
         }
+        for base in {r.base_model for r in roles}:  # a template that cannot render a team fails here
+            template_traits(engine.tokenizer(base), (chat_format or ChatFormat()).template_kwargs)
         return cls(roles=roles, models=models, **kwargs)
 
     def role(self, name: str) -> Role:

@@ -217,3 +217,22 @@ def _task(prompt: str):
     from teamtr.graphs.task import TaskInstance
 
     return TaskInstance(id="t", prompt=prompt, answer=None)
+
+
+def test_a_team_whose_template_cannot_render_it_fails_when_built(tmp_path):
+    from conftest import build_tiny_model
+
+    from teamtr.graphs.team import Team
+    from teamtr.serving.embedded import EmbeddedEngine
+
+    model = build_tiny_model(tmp_path / "solo-model")
+    tok = build_char_tokenizer()
+    # renders every shape the probes try, but refuses a user turn with a name (another role's message)
+    tok.chat_template = (
+        "{% for m in messages %}{% if m.name is defined and m['role'] == 'user' %}"
+        "{{ raise_exception('named users') }}{% endif %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    tok.save_pretrained(model)
+    engine = EmbeddedEngine(model, device="cpu")
+    with pytest.raises(ChatTemplateError, match="solo-model.*cannot render a team's context.*named users"):
+        Team.from_engine(ROLES, engine)
