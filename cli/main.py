@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from teamtr.cli import eval as eval_cli
-from teamtr.cli import serve, swap, theory, train
+from teamtr.cli import models, serve, swap, theory, train
 
 app = typer.Typer(
     name="teamtr",
@@ -18,6 +18,7 @@ for part in (train.app, swap.app, eval_cli.app, serve.app):  # commands that joi
     app.registered_commands.extend(part.registered_commands)
     app.registered_groups.extend(part.registered_groups)
 app.add_typer(theory.app, name="theory")
+app.add_typer(models.app, name="models")
 
 if __name__ == "__main__":
     app()

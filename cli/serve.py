@@ -47,6 +47,7 @@ from teamtr.serving.admin_client import (
     ServerUnreachableError,
 )
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
+from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import AdapterRegistry, version_dirs
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
 
@@ -91,6 +92,8 @@ class ServeConfig(BaseModel):
     max_prompt_tokens: int | None = None  # None: a quarter of the model's context length
     max_body_bytes: int = 1_000_000
     torch_threads: int = Field(1, ge=1)
+    device: str = "auto"  # embedded engine: auto | cpu | cuda | cuda:K (serving/devices.py)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on a GPU, else float32
     tracing: TracingSpec = Field(default_factory=TracingSpec)
     base_dir: str = "."  # relative paths resolve here (a run directory, or the config file's folder)
 
@@ -147,8 +150,9 @@ def with_temperature(roles: list[Role], temperature: float | None) -> list[Role]
 
 
 def model_dir(config: ServeConfig) -> Path:
-    if config.model is not None:
-        return config.path(config.model)
+    if config.model is not None:  # a path (relative to the run / config), else a hub id or GGUF name
+        local = config.path(config.model)
+        return Path(resolve_model(local if local.exists() else config.model, progress=True).path)
     from teamtr.training.warmstart import ensure_warm_model
 
     return Path(ensure_warm_model())
@@ -190,7 +194,10 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
     if config.engine == "embedded":
         from teamtr.serving.embedded import EmbeddedEngine
 
-        return EmbeddedEngine(bases, threads=config.torch_threads, decode_in_thread=True), []
+        engine = EmbeddedEngine(
+            bases, threads=config.torch_threads, decode_in_thread=True, device=config.device, dtype=config.dtype
+        )
+        return engine, []
     from teamtr.serving.vllm_engine import VLLMEngine
     from teamtr.serving.vllm_server import attach_vllm_server, start_vllm_server
 
@@ -282,6 +289,8 @@ def serve(
     otlp_endpoint: str = typer.Option(
         None, help="also export spans by OTLP/HTTP, e.g. http://host:6006/v1/traces"
     ),
+    device: str = typer.Option(None, help="embedded engine device: auto | cpu | cuda | cuda:K (default auto)"),
+    dtype: str = typer.Option(None, help="embedded engine dtype: auto | float32 | bfloat16 | float16"),
 ) -> None:
     """Serve a team as an OpenAI-compatible chat API (model = team name)."""
     overrides: dict[str, Any] = {}
@@ -291,6 +300,8 @@ def serve(
         "host": host,
         "port": port,
         "admin_key": admin_key,
+        "device": device,
+        "dtype": dtype,
     }.items():
         if value is not None:
             overrides[key] = value

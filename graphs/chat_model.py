@@ -19,7 +19,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
-from teamtr.graphs.chat_format import render_prompt_ids
+from teamtr.graphs.chat_format import ChatFormat, render_prompt_ids
 from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
 from teamtr.graphs.trajectory import Turn
 
@@ -39,6 +39,7 @@ class EngineChatModel(BaseChatModel):
     adapter: str | None = None
     base_model: str = DEFAULT_BASE
     sampling: SamplingParams = SamplingParams()
+    chat_format: ChatFormat | None = None  # None: ChatFormat() (graphs/chat_format.py)
 
     @property
     def _llm_type(self) -> str:
@@ -75,7 +76,7 @@ class EngineChatModel(BaseChatModel):
             sampling = replace(sampling, stop=tuple(sampling.stop) + tuple(stop))
         if "seed" in kwargs:
             sampling = replace(sampling, seed=kwargs["seed"])
-        prompt_ids = render_prompt_ids(engine.tokenizer(self.base_model), messages)
+        prompt_ids = render_prompt_ids(engine.tokenizer(self.base_model), messages, self.chat_format)
         gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=self.base_model)
         version = kwargs.get("adapter_version", gen.adapter_version)
         message = AIMessage(

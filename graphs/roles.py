@@ -21,6 +21,9 @@ class Role:
     system_prompt: str
     adapter: str | None = None
     base_model: str = DEFAULT_BASE
+    # No stop string by default: a chat model ends its message with an EOS token (the engine stops on
+    # every EOS id of the model's generation config). The demo's character model ends a message with a
+    # newline instead: its roles set stop=("\n",) themselves (graphs/chain_team.py).
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def __post_init__(self) -> None:
@@ -31,9 +34,13 @@ class Role:
 def role_messages(role: Role, task: str, transcript: list[tuple[str, str]]) -> list[BaseMessage]:
     """The context role `role` acts on: its system prompt, the task, then every message so far.
 
-    All roles share one transcript; each message keeps its author's name. Messages of every role are
-    assistant messages (the team speaks), so a standard chat template renders them.
+    All roles share one transcript, seen from the acting role's side: its own earlier messages are
+    assistant turns (what it said), every other role's message is a user turn carrying the author's
+    `name` (what it was told, and by whom). Where a chat template drops `name`, graphs/chat_format.py
+    writes the author into the text instead, so authorship survives any template.
     """
     messages: list[BaseMessage] = [SystemMessage(role.system_prompt), HumanMessage(task)]
-    messages += [AIMessage(text, name=author) for author, text in transcript]
+    for author, text in transcript:
+        own = author == role.name
+        messages.append(AIMessage(text, name=author) if own else HumanMessage(text, name=author))
     return messages

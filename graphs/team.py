@@ -25,6 +25,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from teamtr.graphs.chat_format import ChatFormat, template_traits
 from teamtr.graphs.chat_model import EngineChatModel, turn_from_reply
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
@@ -121,14 +122,23 @@ class Team:
         self.graph = self._build()
 
     @classmethod
-    def from_engine(cls, roles: Sequence[Role], engine: Any, **kwargs: Any) -> Team:
-        """Every role speaks through `engine` with its own adapter, base model and sampling settings."""
+    def from_engine(
+        cls, roles: Sequence[Role], engine: Any, *, chat_format: ChatFormat | None = None, **kwargs: Any
+    ) -> Team:
+        """Every role speaks through `engine` with its own adapter, base model and sampling settings;
+        `chat_format` says how the team's context goes through the chat template (graphs/chat_format.py)."""
         models = {
             r.name: EngineChatModel(
-                engine=engine, adapter=r.adapter, base_model=r.base_model, sampling=r.sampling
+                engine=engine,
+                adapter=r.adapter,
+                base_model=r.base_model,
+                sampling=r.sampling,
+                chat_format=chat_format,
             )
             for r in roles
         }
+        for base in {r.base_model for r in roles}:  # a template that cannot render a team fails here
+            template_traits(engine.tokenizer(base), (chat_format or ChatFormat()).template_kwargs)
         return cls(roles=roles, models=models, **kwargs)
 
     def role(self, name: str) -> Role:

