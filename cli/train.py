@@ -108,7 +108,7 @@ def train(
     with progress_bars() as progress:
         summary = Trainer(cfg, RichCallbacks(progress, roles_per_stage=0)).train()
     console.print_json(json.dumps(summary))
-    console.print(f"run directory: {cfg.run_dir} (metrics.jsonl, tensorboard/, adapters/<role>/v<N>/)")
+    console.print(f"run directory: {cfg.run_dir} (metrics.jsonl, tensorboard/, adapters/<adapter>/v<N>/)")
 
 
 @app.command()

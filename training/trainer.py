@@ -22,7 +22,6 @@ last checkpoint ends with the same adapters, bit for bit, as an uninterrupted on
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import random
 import time
@@ -34,12 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from teamtr.evals.tasks import get_task
-from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.advantages import Advantages, batch_normalised_advantages, group_normalised_advantages
 from teamtr.training.certificate import (
     CertificateTerm,
@@ -60,6 +57,7 @@ from teamtr.training.config import TrainConfig
 from teamtr.training.losses import clipped_surrogate, kl_estimates, monitored_kl, penalised_loss
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, padded_logprobs, role_messages
+from teamtr.training.run_dir import RunDir, model_path, with_temperature
 from teamtr.training.stage import UpdateContext, run_stage
 from teamtr.training.trust_region import AdapterState, AttemptResult, enforce_trust_region
 
@@ -74,49 +72,6 @@ class Callbacks:
     def epoch(self, role: str, epoch: int, epochs: int, d_hat: float) -> None: ...
     def update(self, record: dict[str, Any]) -> None: ...
     def evaluation(self, label: str, result: dict[str, Any]) -> None: ...
-
-
-def load_roles(spec: str | None, task: str = "chain", options: dict[str, Any] | None = None) -> list[Role]:
-    """`module:function` -> the team's roles; None -> the task's own team (evals.runners.default_roles:
-    the chain adders, or generic solvers each with its own adapter)."""
-    if spec is None:
-        from teamtr.evals.runners import default_roles
-
-        if task == "split":  # its roles read private tables, which the trainer's rollouts do not pass
-            raise ValueError("task split: the trainer has no private per-role views; give team.roles")
-        return default_roles(task, options=options, trainable=True)
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise ValueError(f"team.roles must look like 'module:function', got {spec!r}")
-    roles = getattr(importlib.import_module(module_name), attr)()
-    if not roles or not all(isinstance(r, Role) for r in roles):
-        raise ValueError(f"{spec} must return a non-empty list of Role")
-    missing = [r.name for r in roles if r.adapter is None]
-    if missing:
-        raise ValueError(f"roles {missing} have no LoRA adapter: nothing to train")
-    return roles
-
-
-def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
-    """Roles with the base model the config names for them (team.role_bases), others unchanged."""
-    unknown = sorted(set(role_bases) - {r.name for r in roles})
-    if unknown:
-        raise ValueError(f"team.role_bases names unknown roles {unknown}")
-    return [dataclasses.replace(r, base_model=role_bases.get(r.name, r.base_model)) for r in roles]
-
-
-def lora_settings(cfg: TrainConfig) -> LoraSettings:
-    lora = LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha)
-    if cfg.team.lora_targets:
-        lora.target_modules = tuple(cfg.team.lora_targets)
-    return lora
-
-
-def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
-    return [
-        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
-        for r in roles
-    ]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -312,7 +267,7 @@ class LLMStageTeam:
         version = self.engine.adapter_version(adapter, base)
         if outcome.accepted:
             version = self.engine.commit_adapter_update(adapter, base)
-            save_peft_adapter(self.engine.model(base), adapter, adapter_dir(self.run_dir, ctx.role, version))
+            save_peft_adapter(self.engine.model(base), adapter, adapter_dir(self.run_dir, adapter, version))
         self.state.step += 1
         record = {
             "stage": ctx.stage,
@@ -553,31 +508,16 @@ class Trainer:
         self._engine = engine
 
     def model_path(self) -> str:
-        if self.cfg.team.model:
-            return self.cfg.team.model
-        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
-
-        return str(ensure_warm_model(warm_config_for(self.cfg.task.name), progress=False))  # the task's own
+        return model_path(self.cfg)  # team.model, else the task's own warm-started model
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         torch.set_num_threads(cfg.torch_threads)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._check_config()
-        roles = with_bases(load_roles(cfg.team.roles, cfg.task.name, cfg.task.options), cfg.team.role_bases)
-        task = get_task(cfg.task.name, **cfg.task.options)
+        run = RunDir.create(cfg)  # a new run directory, or the same config as the run it resumes
+        roles = run.roles
+        task = run.task()
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
-        engine = self._engine
-        if engine is None:
-            # the default base is loaded only when a role sits on it (a fully swapped team needs none)
-            uses_default = any(r.base_model == DEFAULT_BASE for r in roles)
-            engine = EmbeddedEngine(
-                {**({DEFAULT_BASE: self.model_path()} if uses_default else {}), **cfg.team.bases},
-                lora=lora_settings(cfg),
-                threads=cfg.torch_threads,
-            )
-            for r in roles:  # each role's adapter on its own base (heterogeneous teams)
-                engine.add_adapter(r.adapter, base=r.base_model)
+        engine = self._engine or run.engine("fresh", threads=cfg.torch_threads)
         ckpt = load_latest_checkpoint(self.run_dir)
         state = RunState()
         metrics = MetricsLog(self.run_dir)
@@ -590,7 +530,7 @@ class Trainer:
             start_stage = self._restore(team, ckpt)
         else:
             for r in roles:  # v0: the adapters the run starts from
-                save_peft_adapter(engine.model(r.base_model), r.adapter, adapter_dir(self.run_dir, r.name, 0))
+                save_peft_adapter(engine.model(r.base_model), r.adapter, run.adapter_dir(r.adapter, 0))
 
         eval_team = Team.from_engine(with_temperature(roles, cfg.eval.temperature), engine, name="eval")
         stage_eval_tasks = (
@@ -667,18 +607,6 @@ class Trainer:
         return summary
 
     # ---- resume ---------------------------------------------------------------------------------------
-    def _check_config(self) -> None:
-        saved = self.run_dir / "config.yaml"
-        if saved.exists():
-            before = TrainConfig.from_yaml(saved).to_dict()
-            if before != self.cfg.to_dict():
-                raise ValueError(
-                    f"{self.run_dir} holds a run with a different config ({saved}); resume it with that "
-                    "config or choose another run_dir"
-                )
-        else:
-            self.cfg.to_yaml(saved)
-
     def _checkpoint(self, team: LLMStageTeam, next_stage: int) -> None:
         """After every completed update (mid-stage) and every completed stage (next_stage = stage + 1)."""
         state = {
