@@ -53,7 +53,9 @@ def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "(top level)"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        hint = " (a config written by another version of teamtr?)" if first["type"] == "extra_forbidden" else ""
+        hint = (
+            " (a config written by another version of teamtr?)" if first["type"] == "extra_forbidden" else ""
+        )
         raise RunDirError(f"{path}: {field}: {first['msg']}{more}{hint}") from None
     except (ValueError, yaml.YAMLError) as e:  # not a mapping, a bad schedule block, a YAML syntax error
         raise RunDirError(f"{path}: {' '.join(str(e).split())}") from None
@@ -98,7 +100,8 @@ def team_roles(cfg: TrainConfig) -> list[Role]:
     from teamtr.evals.runners import default_roles
 
     if cfg.team.roles is None:
-        if cfg.task.name == "split":  # its roles read private tables, which the trainer's rollouts do not pass
+        # split's roles read private tables, which the trainer's rollouts do not pass
+        if cfg.task.name == "split":
             raise RunDirError("task split: the trainer has no private per-role views; give team.roles")
         roles = default_roles(cfg.task.name, options=cfg.task.options, trainable=True)
     else:
@@ -137,7 +140,9 @@ class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
-            raise RunDirError(f"{self.path} is not a directory (want a run directory written by teamtr train)")
+            raise RunDirError(
+                f"{self.path} is not a directory (want a run directory written by teamtr train)"
+            )
         if not (self.path / CONFIG_FILE).is_file():
             raise RunDirError(f"{self.path} is not a run directory (no {CONFIG_FILE})")
         self.config = read_config(self.path / CONFIG_FILE)
@@ -178,7 +183,9 @@ class RunDir:
         for r in self.roles:
             if name in (r.name, r.adapter):
                 return r
-        raise RunDirError(f"{self.path}: unknown role {name!r}; the team's roles are {[r.name for r in self.roles]}")
+        raise RunDirError(
+            f"{self.path}: unknown role {name!r}; the team's roles are {[r.name for r in self.roles]}"
+        )
 
     def task(self) -> TaskFamily:
         from teamtr.evals.tasks import get_task
@@ -198,7 +205,9 @@ class RunDir:
         used = {r.base_model for r in roles}
         unknown = sorted(used - {DEFAULT_BASE, *self.config.team.bases})
         if unknown:
-            raise RunDirError(f"{self.path / CONFIG_FILE}: roles sit on bases {unknown} that team.bases does not name")
+            raise RunDirError(
+                f"{self.path / CONFIG_FILE}: roles sit on bases {unknown} that team.bases does not name"
+            )
         default = {DEFAULT_BASE: self.model_path()} if DEFAULT_BASE in used else {}
         return {**default, **{b: p for b, p in self.config.team.bases.items() if b in used}}
 
@@ -231,7 +240,9 @@ class RunDir:
             elif want in found:
                 out[r.adapter] = (want, found[want])
             else:
-                raise RunDirError(f"{self.path}: adapter {r.adapter!r} has no version {want} (has {sorted(found)})")
+                raise RunDirError(
+                    f"{self.path}: adapter {r.adapter!r} has no version {want} (has {sorted(found)})"
+                )
         if missing:
             raise RunDirError(
                 f"{self.path} has no saved adapters for {missing} (adapters/<adapter>/v<N>/): train it first"
