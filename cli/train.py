@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from teamtr.training.config import TrainConfig
+from teamtr.training.run_dir import RunDir, read_config
 from teamtr.training.trainer import Callbacks
 
 app = typer.Typer()
@@ -101,10 +101,7 @@ def train(
     overrides = _overrides(set_)
     if run_dir:
         overrides["run_dir"] = run_dir
-    try:
-        cfg = TrainConfig.from_yaml(config, overrides)
-    except (FileNotFoundError, ValueError) as e:
-        raise typer.BadParameter(str(e)) from e
+    cfg = read_config(config, overrides)  # one line of error naming the file and field if it is bad
     with progress_bars() as progress:
         summary = Trainer(cfg, RichCallbacks(progress, roles_per_stage=0)).train()
     console.print_json(json.dumps(summary))
@@ -119,10 +116,8 @@ def report(
     """PNG plots: return per stage, d_hat per update vs delta, certificate vs improvement, stale gap."""
     from teamtr.training.report import write_report
 
-    try:
-        paths = write_report(run_dirs, out)
-    except FileNotFoundError as e:
-        raise typer.BadParameter(str(e)) from e
+    runs = [RunDir(d) for d in run_dirs]  # a clear error for a path that is not a run
+    paths = write_report([r.path for r in runs], out)
     for p in paths:
         console.print(str(p))
 
