@@ -189,13 +189,12 @@ def test_stage0_brings_the_monitored_kl_below_delta0(trained_run, models, tmp_pa
 
 def _engine_of(run_dir: Path):
     from teamtr.training.checkpoint import load_latest_checkpoint
+    from teamtr.training.run_dir import RunDir
     from teamtr.training.swap import team_engine
-    from teamtr.training.trainer import load_roles, with_bases
 
-    cfg = TrainConfig.from_yaml(run_dir / "config.yaml")
-    roles = with_bases(load_roles(cfg.team.roles), cfg.team.role_bases)
+    run = RunDir(run_dir)
     ckpt = load_latest_checkpoint(run_dir)
-    return team_engine(cfg, roles, ckpt), roles, ckpt
+    return team_engine(run, ckpt), run.roles, ckpt
 
 
 def _greedy(engine, role, contexts: list[list[int]]) -> list[list[int]]:
