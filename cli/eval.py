@@ -20,7 +20,7 @@ from rich.console import Console
 from teamtr.evals.runners import MAX_NEW_TOKENS, default_roles  # per-family message budget, generic team
 from teamtr.graphs.roles import Role
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.run_dir import RunDir, RunDirError
+from teamtr.training.run_dir import RunDir
 
 app = typer.Typer()
 
@@ -49,14 +49,16 @@ def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None
         return _untrained_team(base, default_roles(task, n_roles), "warm", threads)
     path = Path(source)
     if not path.is_dir():
-        raise RunDirError(f"{path} is not a directory (want a model or run directory, or 'warm')")
+        raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
     if (path / "config.yaml").is_file():
         run = RunDir(path)
         adapters = {a: d for a, (_, d) in run.latest_adapters().items()}
         return EvalTeam(run.engine(threads=threads), run.roles, f"run {path}", run.base_paths(), adapters)
     if (path / "config.json").is_file():
         return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
-    raise RunDirError(f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)")
+    raise FileNotFoundError(
+        f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)"
+    )
 
 
 def _untrained_team(model: str, roles: list[Role], source: str, threads: int | None) -> EvalTeam:

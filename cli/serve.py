@@ -43,7 +43,7 @@ from teamtr.graphs.team import Team
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
-from teamtr.training.run_dir import RunDir, RunDirError, roles_from_factory, with_bases, with_temperature
+from teamtr.training.run_dir import RunDir, roles_from_factory, with_bases, with_temperature
 
 console = Console(stderr=True)
 CHAIN_ROLES = "teamtr.graphs.chain_team:chain_roles"  # a served team without roles or run: the demo team
@@ -425,7 +425,9 @@ def adapters_push(
             version = version or version_found
         role = adapter
     if not path.is_dir():
-        raise RunDirError(f"{path} is not a directory (want a peft adapter directory or a run directory)")
+        raise FileNotFoundError(
+            f"{path} is not a directory (want a peft adapter directory or a run directory)"
+        )
     info = _admin(
         url, admin_key, "POST", "/admin/adapters", {"role": role, "path": str(path), "version": version}
     )

@@ -246,7 +246,9 @@ def test_a_wrong_path_is_one_line_of_error(tmp_path):
         f"error: {tmp_path / 'empty'} is not a run directory (no config.yaml)"
     ]
     debug = teamtr("--debug", "serve", str(tmp_path / "empty"))
-    assert debug.returncode != 0 and "RunDirError" in debug.stderr and len(debug.stderr.splitlines()) > 5
+    assert (
+        debug.returncode != 0 and "FileNotFoundError" in debug.stderr and len(debug.stderr.splitlines()) > 5
+    )
 
 
 def test_a_run_without_adapters_is_one_line_of_error(demo_model, tmp_path):

@@ -9,7 +9,7 @@ Adapter directories are named after the role's adapter (`Role.adapter`): the nam
 checkpoint and the serving registry (serving/registry.py `version_dirs`) all key adapters by, so a team
 whose role and adapter names differ is saved and served under the same name.
 
-    run = RunDir("runs/demo/run")          # RunDirError (one line) if it is not a readable run
+    run = RunDir("runs/demo/run")          # FileNotFoundError / RunDirError if it is not a readable run
     run.roles, run.task(), run.model_path(), run.latest_adapters()
     engine = run.engine()                  # every role's newest adapter loaded on its own base model
 """
@@ -37,8 +37,8 @@ CONFIG_FILE = "config.yaml"
 
 
 class RunDirError(ValueError):
-    """A user mistake about a run or its config (wrong path, bad or old config, no adapters): the CLI
-    prints its message as one line."""
+    """A user mistake about a run or its config (bad or old config, no adapters, unknown role): the CLI
+    prints its message as one line, as it does FileNotFoundError (a path that is not a run)."""
 
 
 def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -46,7 +46,7 @@ def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
     naming the file and the first offending field."""
     path = Path(path)
     if not path.is_file():
-        raise RunDirError(f"config file {path} does not exist")
+        raise FileNotFoundError(f"config file {path} does not exist")
     try:
         return TrainConfig.from_yaml(path, overrides)
     except ValidationError as e:
@@ -139,12 +139,12 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.is_dir():
-            raise RunDirError(
+        if not self.path.is_dir():  # a path mistake: FileNotFoundError, as for any missing file
+            raise FileNotFoundError(
                 f"{self.path} is not a directory (want a run directory written by teamtr train)"
             )
         if not (self.path / CONFIG_FILE).is_file():
-            raise RunDirError(f"{self.path} is not a run directory (no {CONFIG_FILE})")
+            raise FileNotFoundError(f"{self.path} is not a run directory (no {CONFIG_FILE})")
         self.config = read_config(self.path / CONFIG_FILE)
         from teamtr.evals.tasks import task_names
 
