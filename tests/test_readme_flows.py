@@ -20,19 +20,17 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import yaml
 from langchain_openai import ChatOpenAI
+from serve_process import serve_process
 from typer.testing import CliRunner
 
 from teamtr.cli.main import app
-from teamtr.serving.vllm_server import free_port
 from teamtr.training.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
@@ -99,28 +97,8 @@ def demo_dir(tiny_config, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(demo_dir) -> Iterator[str]:
     """`teamtr serve runs/demo/run --port 8000` in its own process."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "teamtr.cli.main", "serve", str(demo_dir / "run"), "--port", str(port)],
-        env={**os.environ, "TEAMTR_ADMIN_KEY": ADMIN_KEY},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "teamtr serve did not become healthy"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+    with serve_process(str(demo_dir / "run"), env={"TEAMTR_ADMIN_KEY": ADMIN_KEY}) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(60)
 
 
 def newest_version(run: Path, adapter: str) -> int:

@@ -5,19 +5,13 @@ role's newest adapter version."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
-import httpx
 import openai
 import pytest
 import yaml
+from serve_process import serve_process
 from typer.testing import CliRunner
 
 from teamtr.cli.main import app
-from teamtr.serving.vllm_server import free_port
 from teamtr.training.run_dir import RunDir
 
 pytest_plugins = ["vllm_fixtures"]
@@ -42,39 +36,9 @@ def test_a_trained_run_is_served_on_vllm(vllm_server, vllm_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     newest = {a: v for a, (v, _) in RunDir(tmp_path / "run").latest_adapters().items()}
 
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "teamtr.cli.main",
-            "serve",
-            str(tmp_path / "run"),
-            "--port",
-            str(port),
-            "--vllm-url",
-            vllm_server.url,
-        ],  # fmt: skip
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "teamtr serve did not become healthy"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+    with serve_process(str(tmp_path / "run"), "--vllm-url", vllm_server.url) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="...", max_retries=0)
         reply = client.chat.completions.create(model="run", messages=[{"role": "user", "content": "3+7+9+5"}])
         extension = reply.model_extra["teamtr"]
         assert [t["role"] for t in extension["turns"]] == ["adder1", "adder2", "adder3"]
         assert extension["adapter_versions"] == newest
-    finally:
-        process.terminate()
-        process.wait(60)
