@@ -43,9 +43,8 @@ def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None
     if source == "warm":
         from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
-        base = str(
-            ensure_warm_model(warm_config_for(task))
-        )  # this family's warm model (chain's for benchmarks)
+        # this family's warm model (a benchmark's: the chain demo model)
+        base = str(ensure_warm_model(warm_config_for(task)))
         return _untrained_team(base, default_roles(task, n_roles), "warm", threads)
     path = Path(source)
     if not path.is_dir():
