@@ -131,3 +131,43 @@ def test_a_run_refuses_a_different_config_and_names_bad_fields(tiny_model_dir, t
         RunDir(tmp_path / "bad")
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         RunDir(tmp_path)
+
+
+ROLES_MODULE = """
+from teamtr.evals.tasks import register, task_names
+from teamtr.graphs.chain_team import chain_roles
+
+
+class OwnTask:
+    name = "run-dir-own-task"
+    description = "a task family registered by the module of the team's roles"
+
+    def generate(self, n, seed, **knobs):
+        return []
+
+    def extract_answer(self, response):
+        return response
+
+    def verify(self, instance, response):
+        return 0.0
+
+
+if OwnTask.name not in task_names():
+    register(OwnTask)
+
+
+def roles():
+    return chain_roles(2)
+"""
+
+
+def test_a_task_registered_by_the_roles_module_is_known(tiny_model_dir, tmp_path, monkeypatch):
+    (tmp_path / "own_team_module.py").write_text(ROLES_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = tiny_config(tiny_model_dir, run, roles="own_team_module:roles")
+    (run / "config.yaml").write_text(
+        yaml.safe_dump(cfg.with_overrides({"task.name": "run-dir-own-task"}).to_dict())
+    )
+    assert [r.name for r in RunDir(run).roles] == ["adder1", "adder2"]

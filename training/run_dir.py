@@ -148,6 +148,8 @@ class RunDir:
         self.config = read_config(self.path / CONFIG_FILE)
         from teamtr.evals.tasks import task_names
 
+        if self.config.task.name not in task_names() and self.config.team.roles:
+            _ = self.roles  # importing the roles' module may register the run's own task family
         if self.config.task.name not in task_names():
             raise RunDirError(
                 f"{self.path / CONFIG_FILE}: task.name: unknown task {self.config.task.name!r}; "
