@@ -72,7 +72,7 @@ def run_demo(out: Path, base_config: Path | None = None, console: Console | None
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     cfg = demo_config(base_config, run_dir=str(run_dir))
-    model = model_path(cfg, progress=True)  # builds (or reuses) the cached warm-started model
+    model = model_path(cfg)  # builds (or reuses) the cached warm-started model
     cfg = cfg.with_overrides({"team.model": model})
     console.print(f"warm-started model: {model}")
     before = warm_start_accuracy(cfg)
@@ -125,7 +125,7 @@ def run_compare(
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     cfg0 = demo_config(base_config)
-    model = model_path(cfg0, progress=True)
+    model = model_path(cfg0)
     per_seed: list[dict[str, Any]] = []
     for seed in range(seeds):
         cfg = cfg0.with_overrides(
