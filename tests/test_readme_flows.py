@@ -11,6 +11,10 @@ and the errors a user meets first: a wrong path, a run without adapters, a confi
 are one line of error, never a traceback (`teamtr --debug` shows it).
 
 The run written by `teamtr demo` has `team.roles: null` (the task's own team), as `make demo`'s has.
+The benchmark commands are in tests/test_readme_benchmarks.py, `--engine vllm` in
+tests/test_readme_flows_vllm.py; the other README commands have their own tests (`eval --list-tasks`,
+`eval warm`, `warmstart`: test_evals_cli.py / test_warmstart_families.py; `theory check|scaling`:
+test_theory_cli.py; `traces to-trajectories`: test_serving_tracing.py).
 """
 
 from __future__ import annotations
@@ -252,29 +256,3 @@ def test_a_config_from_another_version_is_one_line_naming_the_field(tmp_path):
         assert "config.yaml" in line and "loss.kl_coef" in line and "another version" in line
     (run / "config.yaml").write_text("team: [unclosed")
     assert "config.yaml" in one_line_error("serve", str(run))
-
-
-def test_readme_benchmark_commands_run_at_tiny_sizes(tiny_model_dir, tmp_path):
-    """`python benchmarks/overhead.py` and `python benchmarks/swap_shock.py ...` (the README's results
-    table), on the seconds-sized model with the smallest settings their options allow."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    overhead = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "overhead.py"), "--stages", "1", "--model", str(tiny_model_dir),
-         "--out", str(tmp_path / "overhead")],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
-    assert overhead.returncode == 0, overhead.stderr[-3000:]
-    assert "TeamTR / naive: rollout tokens per stage" in overhead.stdout
-    newcomer = tmp_path / "newcomer"
-    shutil.copytree(tiny_model_dir, newcomer)
-    shock = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "swap_shock.py"), "--seeds", "1", "--stages-before", "1",
-         "--stages-after", "1", "--probes", "4", "--max-rounds", "1", "--prompts", "2", "--group", "2",
-         "--eval-episodes", "4", "--incumbent", str(tiny_model_dir), "--newcomer", str(newcomer),
-         "--out", str(tmp_path / "shock")],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
-    assert shock.returncode == 0, shock.stderr[-3000:]
-    saved = json.loads((tmp_path / "shock" / "swap_shock.json").read_text())
-    assert set(saved["runs"][0]) >= {"direct", "stage0"}
