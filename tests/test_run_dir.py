@@ -67,6 +67,8 @@ def test_adapters_are_saved_and_read_under_the_adapters_name(renamed_run):
     assert renamed_run.role("second").adapter == "lora-second" == renamed_run.role("lora-second").adapter
     engine = renamed_run.engine()
     assert sorted(engine.adapters()) == ["lora-first", "lora-second", "lora-third"]
+    # the engine's versions are the saved ones: episodes of `teamtr eval` record which version spoke
+    assert {a: engine.adapter_version(a) for a in latest} == {a: v for a, (v, _) in latest.items()}
 
 
 def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):

@@ -277,5 +277,8 @@ class RunDir:
             if adapters == "fresh":
                 engine.add_adapter(r.adapter, base=r.base_model)
             else:
-                engine.load_adapter_sync(r.adapter, saved[r.adapter][1], base=r.base_model)
+                version, path = saved[r.adapter]
+                engine.load_adapter_sync(r.adapter, path, base=r.base_model)
+                while engine.adapter_version(r.adapter, r.base_model) < version:  # episodes record vN
+                    engine.commit_adapter_update(r.adapter, r.base_model)
         return engine
