@@ -1,20 +1,69 @@
-"""`teamtr eval`: score a team (or a file of responses) on a task family or a real benchmark."""
+"""`teamtr eval`: score a team (or a file of responses) on a task family or a real benchmark.
+
+`TEAM_OR_RUN_DIR` may be `warm` (the cached warm-started model of the task's family, built on first use;
+a real benchmark uses the chain demo model), a model directory (`config.json`: every role speaks with
+that model), or a run directory (read by training/run_dir.py `RunDir`: its roles, bases and the newest
+adapter version of each role).
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from teamtr.evals.runners import MAX_NEW_TOKENS  # per-family message budget
+from teamtr.evals.runners import MAX_NEW_TOKENS, default_roles  # per-family message budget, generic team
+from teamtr.graphs.roles import Role
+from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.training.run_dir import RunDir
 
 app = typer.Typer()
 
 DEFAULT_SEED = 2_000_003  # the held-out seed of training's TaskConfig: eval prompts are never train prompts
+
+
+@dataclass
+class EvalTeam:
+    """A team ready to answer: its engine (every adapter loaded), its roles, and where they came from."""
+
+    engine: EmbeddedEngine
+    roles: list[Role]
+    source: str
+    bases: dict[str, str] = field(default_factory=dict)  # base name -> model directory
+    adapters: dict[str, Path] = field(default_factory=dict)  # adapter -> the saved version loaded
+
+
+def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None = 1) -> EvalTeam:
+    """`warm`, a model directory or a run directory -> the team to evaluate (one-line errors otherwise)."""
+    if source == "warm":
+        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
+
+        # this family's warm model (a benchmark's: the chain demo model)
+        base = str(ensure_warm_model(warm_config_for(task)))
+        return _untrained_team(base, default_roles(task, n_roles), "warm", threads)
+    path = Path(source)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
+    if (path / "config.yaml").is_file():
+        run = RunDir(path)
+        adapters = {a: d for a, (_, d) in run.latest_adapters().items()}
+        return EvalTeam(run.engine(threads=threads), run.roles, f"run {path}", run.base_paths(), adapters)
+    if (path / "config.json").is_file():
+        return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
+    raise FileNotFoundError(
+        f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)"
+    )
+
+
+def _untrained_team(model: str, roles: list[Role], source: str, threads: int | None) -> EvalTeam:
+    """Every role on one model; a role with an adapter gets a fresh one (B = 0: the model itself)."""
+    engine = EmbeddedEngine(model, adapters={r.adapter: None for r in roles if r.adapter}, threads=threads)
+    return EvalTeam(engine, roles, source, {"base": model})
 
 
 def _parse_knobs(pairs: list[str]) -> list[dict]:
@@ -117,24 +166,22 @@ def eval_command(
         raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
     knobs = _parse_knobs(difficulty or [])
     max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
-    spec = None
+    team = None
     if team_or_run_dir is not None:  # check the team before spending time on instances
-        from teamtr.evals.runners import load_team_spec
-
         try:
-            spec = load_team_spec(team_or_run_dir, task, roles)
+            team = load_eval_team(team_or_run_dir, task, roles, threads)
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
     family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)
     show_progress = not as_json
     runners = None
-    if spec is None:
+    if team is None:
         team_runner = responses_file_runner(responses)
     else:
         from teamtr.evals.runners import EngineRunners
 
         runners = EngineRunners(
-            spec, family, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, threads=threads
+            team.engine, team.roles, family, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed
         )
         team_runner = runners.team()
     result = evaluate(family, instances, team_runner, k, batch_size, show_progress, seed)

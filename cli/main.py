@@ -1,18 +1,61 @@
-"""The root `teamtr` command: each area's commands come from a module of this package."""
+"""The root `teamtr` command: each area's commands come from a module of this package.
+
+Errors are handled here once for every command: a user mistake (a wrong path, a run without adapters,
+a bad or old config, an unknown task: ValueError and OSError, training/run_dir.py's RunDirError among
+them, and typer.BadParameter) prints one line `error: ...` and exits non-zero; any other exception
+prints one line naming its type.
+`teamtr --debug COMMAND ...` shows the full (rich) traceback instead.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from teamtr.cli import eval as eval_cli
 from teamtr.cli import models, serve, swap, theory, train
+
+
+class OneLineErrors(TyperGroup):
+    """The root group: runs the chosen command and turns what it raises into one line of error."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as e:  # a bad value (path, task, knob): one line, without the usage box
+            if ctx.params.get("debug"):
+                raise
+            typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            raise typer.Exit(e.exit_code) from None
+        except (typer.TyperException, typer.Exit, typer.Abort):
+            raise  # other usage errors, help and exits: typer prints them itself
+        except Exception as e:
+            if ctx.params.get("debug"):
+                raise
+            message = " ".join(str(e).split()) or type(e).__name__
+            if not isinstance(e, ValueError | OSError):  # not a user mistake we know: say what it was
+                message = f"{type(e).__name__}: {message} (rerun with `teamtr --debug ...` for the traceback)"
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(1) from None
+
 
 app = typer.Typer(
     name="teamtr",
     help="Write a team of LLM role agents as a LangGraph graph, train it with TeamTR, serve it.",
     no_args_is_help=True,
+    cls=OneLineErrors,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def root(
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback of an error"),
+) -> None:
+    """Write a team of LLM role agents as a LangGraph graph, train it with TeamTR, serve it."""
+
 
 for part in (train.app, swap.app, eval_cli.app, serve.app):  # commands that join the root
     app.registered_commands.extend(part.registered_commands)

@@ -1,18 +1,18 @@
 """`teamtr serve`, `teamtr adapters push|rollback|list`, `teamtr traces to-trajectories`.
 
-`serve RUN_DIR` serves the team a training run trained: its config.yaml names the roles factory and the
-base model, its adapters/<adapter>/v<N>/ directories the adapter versions (the newest of each goes
-live). `serve CONFIG.yaml` takes a `ServeConfig` (several teams, keys, tracing), e.g.:
+`serve RUN_DIR` serves the team a training run trained, read by training/run_dir.py `RunDir` as every
+command reads a run: its roles (the task's own team when `team.roles` is unset), bases, base model and
+the newest `adapters/<adapter>/v<N>/` of each role, which goes live. `serve CONFIG.yaml` takes a
+`ServeConfig` (several teams, keys, tracing), e.g.:
 
-    model: runs/demo/model            # base model directory (omit: the cached warm-started demo model)
+    model: runs/demo/model            # base model directory (omit: the first run's, else the demo model)
     teams:
       chain:
-        roles: teamtr.graphs.chain_team:chain_roles
-        run_dir: runs/demo
+        run_dir: runs/demo/run        # roles, bases and newest adapters of this run
       duo:                            # a second team on the same engine, sharing adapters
         roles: teamtr.graphs.chain_team:chain_roles
         options: {steps: 2}
-        run_dir: runs/demo
+        run_dir: runs/demo/run
     admin_key: change-me
     api_keys: [sk-team-1]
     tracing: {sqlite_path: traces.db, otlp_endpoint: http://127.0.0.1:6006/v1/traces}
@@ -21,8 +21,6 @@ live). `serve CONFIG.yaml` takes a `ServeConfig` (several teams, keys, tracing),
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -38,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from teamtr.graphs.engine import DEFAULT_BASE
-from teamtr.graphs.roles import Role
+from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.team import Team
 from teamtr.serving.admin_client import (
     DEFAULT_URL,
@@ -48,21 +46,24 @@ from teamtr.serving.admin_client import (
 )
 from teamtr.serving.app import ServedTeam, ServeSettings, create_app
 from teamtr.serving.models import resolve_model
-from teamtr.serving.registry import AdapterRegistry, version_dirs
+from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
+from teamtr.training.run_dir import RunDir, roles_from_factory, with_bases
 
 console = Console(stderr=True)
+CHAIN_ROLES = "teamtr.graphs.chain_team:chain_roles"  # a served team without roles or run: the demo team
 
 
-class TeamSpec(BaseModel):
-    """One served team."""
+class ServedTeamConfig(BaseModel):
+    """One served team of a ServeConfig."""
 
     model_config = ConfigDict(extra="forbid")
 
-    roles: str = "teamtr.graphs.chain_team:chain_roles"  # `module:function` returning list[Role]
+    # `module:function` returning list[Role]; None: the run's roles (run_dir), else the chain demo team
+    roles: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of that function
-    role_bases: dict[str, str] = Field(default_factory=dict)  # role -> base model name (default: the Role's)
-    run_dir: str | None = None  # where adapters/<adapter>/v<N>/ live; the newest version is served
+    role_bases: dict[str, str] = Field(default_factory=dict)  # role -> base model name (over the run's)
+    run_dir: str | None = None  # a training run: the newest adapters/<adapter>/v<N>/ of each role is served
     adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
     temperature: float | None = Field(0.0, ge=0)  # every role samples at this temperature; None: as declared
 
@@ -82,7 +83,7 @@ class ServeConfig(BaseModel):
 
     model: str | None = None  # base model directory; None: the cached warm-started demo model
     bases: dict[str, str] = Field(default_factory=dict)  # more base models (name -> directory) beside "base"
-    teams: dict[str, TeamSpec]
+    teams: dict[str, ServedTeamConfig]
     engine: Literal["embedded", "vllm"] = "embedded"
     vllm_url: str | None = None  # attach to this vLLM server instead of launching one
     host: str = "127.0.0.1"
@@ -99,18 +100,17 @@ class ServeConfig(BaseModel):
 
     @classmethod
     def from_run_dir(cls, run_dir: str | Path, team_name: str | None = None, **overrides: Any) -> ServeConfig:
-        run_dir = Path(run_dir)
-        cfg_file = run_dir / "config.yaml"
-        team_cfg = (yaml.safe_load(cfg_file.read_text()) or {}).get("team", {}) if cfg_file.is_file() else {}
-        spec = TeamSpec(
-            run_dir=str(run_dir),
-            role_bases=team_cfg.get("role_bases") or {},
-            **({"roles": team_cfg["roles"]} if "roles" in team_cfg else {}),
-        )
-        name = team_name or run_dir.resolve().name
-        bases = team_cfg.get("bases") or {}
+        """Serve one training run as the team `team_name` (default: the directory's name)."""
+        run = RunDir(run_dir)  # a clear error now if it is not a run or has no adapters
+        run.latest_adapters()
+        team_cfg = run.config.team
         return cls(
-            model=team_cfg.get("model"), bases=bases, teams={name: spec}, base_dir=str(run_dir), **overrides
+            # absolute: the config's relative paths are relative to where training ran, not to base_dir
+            model=str(Path(run.model_path(progress=True)).resolve()),
+            bases={name: str(Path(p).resolve()) for name, p in team_cfg.bases.items()},
+            teams={team_name or run.path.resolve().name: ServedTeamConfig(run_dir=str(run.path.resolve()))},
+            base_dir=str(run.path),
+            **overrides,
         )
 
     @classmethod
@@ -123,36 +123,27 @@ class ServeConfig(BaseModel):
         return Path(p) if Path(p).is_absolute() else Path(self.base_dir) / p
 
 
-def load_roles(factory: str, options: dict[str, Any] | None = None) -> list[Role]:
-    module, _, attr = factory.partition(":")
-    if not attr:
-        raise ValueError(f"roles {factory!r}: expected 'module:function'")
-    roles = getattr(importlib.import_module(module), attr)(**(options or {}))
-    if not roles or not all(isinstance(r, Role) for r in roles):
-        raise ValueError(f"roles {factory!r} did not return a list of Role")
-    return list(roles)
-
-
-def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
-    """Roles with the base model the config names for them, others unchanged (as the trainer does)."""
-    from teamtr.training.trainer import with_bases as trainer_with_bases
-
-    return trainer_with_bases(roles, role_bases) if role_bases else roles
-
-
-def with_temperature(roles: list[Role], temperature: float | None) -> list[Role]:
-    if temperature is None:
-        return roles
-    return [
-        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
-        for r in roles
-    ]
+def served_roles(spec: ServedTeamConfig, run: RunDir | None) -> list[Role]:
+    """The team's roles on their bases, at the team's temperature."""
+    if spec.roles is None and run is not None:
+        roles = run.roles
+    else:
+        roles = roles_from_factory(spec.roles or CHAIN_ROLES, spec.options)
+        if run is not None:  # the run's role_bases, for the roles this team has
+            names = {r.name for r in roles}
+            roles = with_bases(roles, {k: v for k, v in run.config.team.role_bases.items() if k in names})
+    roles = with_bases(roles, spec.role_bases)
+    return roles if spec.temperature is None else with_temperature(roles, spec.temperature)
 
 
 def model_dir(config: ServeConfig) -> Path:
+    """The default base: the config's model, else the first served run's, else the cached demo model."""
     if config.model is not None:  # a path (relative to the run / config), else a hub id or GGUF name
         local = config.path(config.model)
         return Path(resolve_model(local if local.exists() else config.model, progress=True).path)
+    for spec in config.teams.values():
+        if spec.run_dir is not None:
+            return Path(RunDir(config.path(spec.run_dir)).model_path(progress=True)).resolve()
     from teamtr.training.warmstart import ensure_warm_model
 
     return Path(ensure_warm_model())
@@ -226,24 +217,25 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
     registry = AdapterRegistry(engine)
     teams: dict[str, ServedTeam] = {}
     for name, spec in config.teams.items():
-        roles = with_temperature(
-            with_bases(load_roles(spec.roles, spec.options), spec.role_bases), spec.temperature
-        )
-        for role in roles:
-            if role.adapter is None or role.adapter in registry.adapters():
+        run = RunDir(config.path(spec.run_dir)) if spec.run_dir else None
+        roles = served_roles(spec, run)
+        pending = [r for r in roles if r.adapter is not None and r.adapter not in registry.adapters()]
+        from_run = [r for r in pending if r.adapter not in spec.adapters]
+        if from_run and run is None:
+            raise ValueError(
+                f"team {name!r}: no adapter for roles {[r.name for r in from_run]}: give run_dir or `adapters:`"
+            )
+        saved = run.latest_adapters(roles=from_run) if from_run else {}
+        for role in pending:
+            if role.adapter in registry.adapters():  # two roles of the team share an adapter
                 continue
             if role.adapter in spec.adapters:
                 await registry.push(
                     role.adapter, config.path(spec.adapters[role.adapter]), base=role.base_model
                 )
-            elif spec.run_dir and version_dirs(config.path(spec.run_dir), role.adapter):
-                version, path = version_dirs(config.path(spec.run_dir), role.adapter)[-1]
-                await registry.push(role.adapter, path, version, base=role.base_model)
             else:
-                raise ValueError(
-                    f"team {name!r}: no adapter for role {role.name!r} (looked for "
-                    f"{spec.run_dir}/adapters/{role.adapter}/v<N>/ and `adapters:` in the config)"
-                )
+                version, path = saved[role.adapter]
+                await registry.push(role.adapter, path, version, base=role.base_model)
         team = Team.from_engine(roles, engine, name=name)
         teams[name] = ServedTeam(team, {r.name: r.adapter for r in roles if r.adapter is not None})
     tracer = None
@@ -358,20 +350,28 @@ _KEY = typer.Option(None, envvar="TEAMTR_ADMIN_KEY", help="the server's admin ke
 
 @adapters_app.command("push")
 def adapters_push(
-    path: Path = typer.Argument(..., help="a peft adapter directory, or a run directory (with --role)"),
-    role: str = typer.Option(..., help="the adapter (role) to promote a version of"),
+    path: Path = typer.Argument(
+        ..., help="a peft adapter directory, or a run directory (its newest version)"
+    ),
+    role: str = typer.Option(..., help="the role (or its adapter's name) to promote a version of"),
     version: int = typer.Option(None, help="version number (default: from a v<N> directory, or next)"),
     url: str = _URL,
     admin_key: str = _KEY,
 ) -> None:
     """Validate and promote a new adapter version on a running server (the old one keeps serving if refused)."""
     path = path.resolve()
-    if (path / "adapters").is_dir():
-        found = version_dirs(path, role)
-        if not found:
-            raise typer.BadParameter(f"{path} has no adapters/{role}/v<N>/ directories")
-        version_found, path = found[-1]
-        version = version or version_found
+    run_root = path if (path / "config.yaml").is_file() else path.parent.parent.parent
+    if (run_root / "config.yaml").is_file() and (path == run_root or path.parent.parent.name == "adapters"):
+        run = RunDir(run_root)  # a run's version directory: the role's adapter name is the run's
+        adapter = run.role(role).adapter or role
+        if path == run_root:
+            version_found, path = run.latest_adapters(roles=[run.role(role)])[adapter]
+            version = version or version_found
+        role = adapter
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path} is not a directory (want a peft adapter directory or a run directory)"
+        )
     with _admin_errors():
         info = AdminClient(url, admin_key).push(role, path, version)
     console.print(f"{role}: v{info.version} is live ({info.engine_name})")

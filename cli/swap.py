@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from teamtr.training.run_dir import RunDir
 from teamtr.training.swap import Callbacks, SwapConfig, swap_role
 
 app = typer.Typer()
@@ -67,6 +68,7 @@ def swap(
 ) -> None:
     """Replace role R's model by a newcomer, aligned to the incumbent first (Stage-0); then `teamtr train
     NEW_RUN_DIR/config.yaml` continues TeamTR with the trust-region and certificate bookkeeping."""
+    RunDir(run_dir)  # a clear error before any progress bar if it is not a readable run
     if target not in ("incumbent", "mixture"):
         raise typer.BadParameter("--target must be incumbent or mixture")
     if divergence not in ("auto", "token", "text"):

@@ -1,30 +1,28 @@
-"""Runners that answer task instances with a real team or one model (LangGraph team + embedded engine).
+"""Runners that answer task instances with a real team or one model (a LangGraph team on any engine).
 
-`TEAM_OR_RUN_DIR` may be:
-- `warm`: the cached warm-started model of the task's family (built on first use; see
-  training/warmstart.py; a real benchmark uses the chain demo model);
-- a model directory (`config.json`, loaded with `from_pretrained`): every role speaks with that model;
-- a TeamTR run directory (`config.yaml` written by `teamtr train`): its roles factory, its base model and
-  the newest version of each role's adapter under `adapters/<role>/v<N>/`.
+Engine-free: this module builds no engine and reads no run. `EngineRunners` takes an engine that
+implements graphs/engine.py's `Engine` and the roles to run on it; cli/eval.py `load_eval_team` builds
+both from `warm`, a model directory or a run directory (training/run_dir.py `RunDir`).
 
-Roles: the run's roles, else the chain demo's adders for `chain`, else `--roles` generic solvers with a
-short per-family system prompt. For `split`, role i also sees its private table (`role_view`).
-The single-model baseline is one agent (one policy) given every private fact; see `EngineRunners.single`.
+Roles: the run's roles, else the chain demo's adders for `chain`, else generic solvers with a short
+per-family system prompt (`default_roles`). For `split`, role i also sees its private table
+(`role_view`). The single-model baseline is one agent (one policy) given every private fact; see
+`EngineRunners.single`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from teamtr.evals.harness import Episode, Runner
-from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
+from teamtr.graphs.chain_team import chain_roles
+from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.graphs.team import RoundRobin, Team, derive_seed
 
 # Short system prompts: the small models read one character per token.
 SYSTEM_PROMPTS = {
@@ -39,22 +37,6 @@ SYSTEM_PROMPTS = {
 MESSAGE_END = "\n"  # the small character models end a message with a newline
 
 
-@dataclass
-class TeamSpec:
-    """What to load: the base model, the team's roles and each adapter's directory (None = fresh = base)."""
-
-    base: Path
-    roles: list[Role]
-    adapters: dict[str, Path | None] = field(default_factory=dict)
-    source: str = ""
-    bases: dict[str, Path] = field(default_factory=dict)  # further base models (heterogeneous teams)
-
-
-def _latest_version(role_dir: Path) -> Path | None:
-    versions = [(int(m.group(1)), p) for p in role_dir.glob("v*") if (m := re.fullmatch(r"v(\d+)", p.name))]
-    return max(versions)[1] if versions else None
-
-
 # Longest message a family's answer needs, in characters (= tokens of the small models); default 32:
 # a 3-block plan is up to ~70 characters.
 MAX_NEW_TOKENS = {"blocksworld": 96}
@@ -67,8 +49,6 @@ def default_roles(
     `n_roles` generic solvers with the family's system prompt; `trainable` gives each solver its own
     LoRA adapter (`solver1`, ...) and the family's message budget, for `teamtr train`."""
     if task == "chain":
-        from teamtr.training.warmstart import chain_roles
-
         return chain_roles(int((options or {}).get("steps", 3)))
     prompt = SYSTEM_PROMPTS.get(task, "Solve the task.")
     sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS.get(task, 32), stop=(MESSAGE_END,))
@@ -93,65 +73,20 @@ def with_private_view(role: Role, family: TaskFamily, instance: TaskInstance, in
     return replace(role, system_prompt=f"{role.system_prompt}\n{role_view(instance, index)}".strip())
 
 
-def load_team_spec(
-    team_or_run_dir: str, task: str, n_roles: int = 3, options: dict | None = None
-) -> TeamSpec:
-    """Resolve `warm`, a model directory or a run directory into a TeamSpec (clear errors otherwise)."""
-    if team_or_run_dir == "warm":
-        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
-
-        base = ensure_warm_model(warm_config_for(task))  # this family's warm model (chain's for benchmarks)
-        roles = default_roles(task, n_roles, options)
-        return TeamSpec(base, roles, {r.adapter: None for r in roles if r.adapter}, "warm")
-    path = Path(team_or_run_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
-    if (path / "config.yaml").is_file():
-        from teamtr.training.config import TrainConfig
-        from teamtr.training.trainer import load_roles, with_bases
-        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
-
-        cfg = TrainConfig.from_yaml(path / "config.yaml")
-        roles = with_bases(load_roles(cfg.team.roles, cfg.task.name, cfg.task.options), cfg.team.role_bases)
-        base = Path(cfg.team.model) if cfg.team.model else ensure_warm_model(warm_config_for(cfg.task.name))
-        adapters: dict[str, Path | None] = {}
-        for r in roles:
-            if r.adapter:
-                adapters[r.adapter] = _latest_version(path / "adapters" / r.name)
-        bases = {name: Path(p) for name, p in cfg.team.bases.items()}
-        return TeamSpec(base, roles, adapters, f"run {path}", bases)
-    if (path / "config.json").is_file():
-        roles = default_roles(task, n_roles, options)
-        return TeamSpec(path, roles, {r.adapter: None for r in roles if r.adapter}, f"model {path}")
-    raise FileNotFoundError(
-        f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)"
-    )
-
-
 class EngineRunners:
-    """One embedded engine and event loop shared by the team runner and the single-model runner."""
+    """One engine and event loop shared by the team runner and the single-model runner."""
 
     def __init__(
         self,
-        spec: TeamSpec,
+        engine: Engine,
+        roles: list[Role],
         family: TaskFamily,
         *,
         temperature: float = 1.0,
         max_new_tokens: int = 32,
         seed: int = 0,
-        threads: int | None = 1,
     ) -> None:
-        from teamtr.serving.embedded import EmbeddedEngine
-
-        self.spec, self.family, self.seed = spec, family, seed
-        self.engine = EmbeddedEngine({DEFAULT_BASE: spec.base, **spec.bases}, threads=threads)
-        base_of = {r.adapter: r.base_model for r in spec.roles if r.adapter}
-        for name, adapter_dir in spec.adapters.items():  # each role's adapter on its own base model
-            base = base_of.get(name, DEFAULT_BASE)
-            if adapter_dir is None:
-                self.engine.add_adapter(name, base=base)
-            else:
-                self.engine.load_adapter_sync(name, adapter_dir, base=base)
+        self.engine, self.roles, self.family, self.seed = engine, roles, family, seed
         self.loop = asyncio.new_event_loop()
         self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
         self.calls = 0
@@ -161,14 +96,12 @@ class EngineRunners:
 
     def _roles_for(self, instance: TaskInstance) -> list[Role]:
         roles = []
-        for i, r in enumerate(self.spec.roles):
+        for i, r in enumerate(self.roles):
             sampling = replace(self.sampling, stop=r.sampling.stop or (MESSAGE_END,))
             roles.append(replace(with_private_view(r, self.family, instance, i), sampling=sampling))
         return roles
 
     def _episodes(self, teams_and_tasks: list[tuple[Any, TaskInstance]], samples: int) -> list[list[Episode]]:
-        from teamtr.graphs.team import derive_seed
-
         self.calls += 1
         call = self.calls
 
@@ -189,8 +122,6 @@ class EngineRunners:
         return [flat[i * samples : (i + 1) * samples] for i in range(len(teams_and_tasks))]
 
     def team(self) -> Runner:
-        from teamtr.graphs.team import Team
-
         def run(instances: Sequence[TaskInstance], samples: int) -> list[list[Episode]]:
             teams = [
                 (Team.from_engine(self._roles_for(inst), self.engine, name=self.family.name), inst)
@@ -207,9 +138,7 @@ class EngineRunners:
         small character models write one line per message and never stop on their own, so a single long
         message would only ramble to the limit). turns=1: one message with the whole team's allowance and
         no newline stop, the natural form for a chat model that ends its answer with EOS."""
-        from teamtr.graphs.team import RoundRobin, Team
-
-        n_roles = len(self.spec.roles)
+        n_roles = len(self.roles)
         turns = n_roles if turns is None else turns
         if turns < 1:
             raise ValueError("turns must be >= 1")

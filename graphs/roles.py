@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -44,3 +45,11 @@ def role_messages(role: Role, task: str, transcript: list[tuple[str, str]]) -> l
         own = author == role.name
         messages.append(AIMessage(text, name=author) if own else HumanMessage(text, name=author))
     return messages
+
+
+def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
+    """The same roles, each sampling at `temperature` (training rollouts, evaluation, serving)."""
+    return [
+        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
+        for r in roles
+    ]

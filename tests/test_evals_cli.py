@@ -80,11 +80,13 @@ def test_tiny_team_run_with_best_of_n_baseline(tiny_model_dir, tmp_path):
 
 
 def test_split_roles_each_see_only_their_own_table(tiny_model_dir):
-    from teamtr.evals.runners import EngineRunners, load_team_spec
+    from teamtr.cli.eval import load_eval_team
+    from teamtr.evals.runners import EngineRunners
 
     family = get_task("split")
     inst = family.generate(1, 0, hops=2)[0]
-    runners = EngineRunners(load_team_spec(str(tiny_model_dir), "split", n_roles=2), family, max_new_tokens=4)
+    team = load_eval_team(str(tiny_model_dir), "split", n_roles=2)
+    runners = EngineRunners(team.engine, team.roles, family, max_new_tokens=4)
     roles = runners._roles_for(inst)
     assert family.role_view(inst, 0) in roles[0].system_prompt
     assert family.role_view(inst, 1) not in roles[0].system_prompt
@@ -114,7 +116,7 @@ def test_bad_input_gets_clear_errors(tmp_path):
 
 
 def test_a_run_directory_loads_the_newest_adapter_of_each_role(tiny_model_dir, tmp_path):
-    from teamtr.evals.runners import load_team_spec
+    from teamtr.cli.eval import load_eval_team
     from teamtr.serving.embedded import EmbeddedEngine
     from teamtr.training.checkpoint import adapter_dir
     from teamtr.training.config import TrainConfig
@@ -128,9 +130,9 @@ def test_a_run_directory_loads_the_newest_adapter_of_each_role(tiny_model_dir, t
     cfg = TrainConfig.from_dict({"run_dir": str(run), "team": {"model": str(tiny_model_dir)}})
     cfg.to_yaml(run / "config.yaml")
 
-    spec = load_team_spec(str(run), "chain")
-    assert spec.base == tiny_model_dir and [r.name for r in spec.roles] == roles
-    assert spec.adapters == {r: adapter_dir(run, r, 10) for r in roles}
+    team = load_eval_team(str(run), "chain")
+    assert team.bases == {"base": str(tiny_model_dir)} and [r.name for r in team.roles] == roles
+    assert team.adapters == {r: adapter_dir(run, r, 10) for r in roles}
     args = ["eval", str(run), "--task", "chain", "--limit", "2", "--max-new-tokens", "4", "--json"]
     out = _json(runner.invoke(app, [*args, "--out", str(tmp_path / "out")]))
     assert out["episodes"] == 2 and out["k"] == 1

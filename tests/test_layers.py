@@ -16,14 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["graphs", "evals", "serving", "training", "cli"]  # lowest first
 RANK = {area: i for i, area in enumerate(LAYERS)}
 
-# Known violations, being removed by other branches. Each entry is (module file, higher area it
-# imports). Empty this list once those branches are merged: an entry that no longer matches an import
-# fails the test, so the list can only shrink.
-ALLOWED: set[tuple[str, str]] = {
-    ("evals/runners.py", "serving"),  # builds EmbeddedEngine for `teamtr eval`
-    ("evals/runners.py", "training"),  # warm models and run directories for `teamtr eval`
-    ("training/demo.py", "cli"),  # RichCallbacks / progress bars from teamtr.cli.train
-}
+# Known violations: (module file, higher area it imports); none today. An entry that no longer matches an
+# import fails the test, so the list can only shrink.
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _modules() -> list[Path]:

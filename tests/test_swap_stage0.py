@@ -147,11 +147,10 @@ def test_heterogeneous_team_trains_an_update_for_each_role_on_its_own_base(model
         q_a = next(v for k, v in weights.items() if "q_proj.lora_A" in k)
         assert q_a.shape[1] == hidden
     # `teamtr eval` on this run dir puts each role's newest adapter on the role's own base
-    from teamtr.evals.runners import EngineRunners, load_team_spec
-    from teamtr.evals.tasks import get_task
+    from teamtr.cli.eval import load_eval_team
 
-    runners = EngineRunners(load_team_spec(str(cfg.run_dir), TASK), get_task(TASK))
-    assert runners.engine.adapters("big") == ["adder2"] and runners.engine.adapters() == ["adder1"]
+    engine = load_eval_team(str(cfg.run_dir), TASK).engine
+    assert engine.adapters("big") == ["adder2"] and engine.adapters() == ["adder1"]
     with pytest.raises(ValueError, match="unknown roles"):
         train(run_config(models["incumbent"], tmp_path / "bad", **{"team.role_bases": {"nobody": "big"}}))
 
@@ -190,13 +189,12 @@ def test_stage0_brings_the_monitored_kl_below_delta0(trained_run, models, tmp_pa
 
 def _engine_of(run_dir: Path):
     from teamtr.training.checkpoint import load_latest_checkpoint
+    from teamtr.training.run_dir import RunDir
     from teamtr.training.swap import team_engine
-    from teamtr.training.trainer import load_roles, with_bases
 
-    cfg = TrainConfig.from_yaml(run_dir / "config.yaml")
-    roles = with_bases(load_roles(cfg.team.roles), cfg.team.role_bases)
+    run = RunDir(run_dir)
     ckpt = load_latest_checkpoint(run_dir)
-    return team_engine(cfg, roles, ckpt), roles, ckpt
+    return team_engine(run, ckpt), run.roles, ckpt
 
 
 def _greedy(engine, role, contexts: list[list[int]]) -> list[list[int]]:

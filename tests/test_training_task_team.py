@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from teamtr.evals.runners import default_roles, load_team_spec
+from teamtr.cli.eval import load_eval_team
+from teamtr.evals.runners import default_roles
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import read_metrics
-from teamtr.training.trainer import Trainer, load_roles
+from teamtr.training.run_dir import team_roles
+from teamtr.training.trainer import Trainer
 
 torch.set_num_threads(1)
 
@@ -37,16 +39,17 @@ def test_a_family_trains_its_own_solver_team_and_eval_reads_it_back(tiny_model_d
     solvers = ["solver1", "solver2", "solver3"]
     assert sorted({u["role"] for u in read_metrics(cfg.run_dir, kind="update")}) == solvers
     # the roles speak with the family's system prompt, as the warm start and `teamtr eval` have them
-    assert [r.system_prompt for r in load_roles(None, "countdown")] == [
-        r.system_prompt for r in default_roles("countdown")
-    ]
-    spec = load_team_spec(str(cfg.run_dir), "countdown")
-    assert [r.name for r in spec.roles] == solvers
-    assert all(spec.adapters[s] is not None and spec.adapters[s].parent.name == s for s in solvers)
+    assert [r.system_prompt for r in team_roles(cfg)] == [r.system_prompt for r in default_roles("countdown")]
+    team = load_eval_team(str(cfg.run_dir), "countdown")
+    assert [r.name for r in team.roles] == solvers
+    assert all(team.adapters[s] is not None and team.adapters[s].parent.name == s for s in solvers)
 
 
 def test_chain_keeps_its_adders_and_split_asks_for_roles():
-    assert [r.name for r in load_roles(None, "chain")] == ["adder1", "adder2", "adder3"]
-    assert [r.name for r in load_roles(None, "chain", {"steps": 2})] == ["adder1", "adder2"]
+    def roles(task: str, **options) -> list:
+        return team_roles(TrainConfig.from_dict({"task": {"name": task, "options": options}}))
+
+    assert [r.name for r in roles("chain")] == ["adder1", "adder2", "adder3"]
+    assert [r.name for r in roles("chain", steps=2)] == ["adder1", "adder2"]
     with pytest.raises(ValueError, match="split"):
-        load_roles(None, "split")
+        roles("split")

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
-from teamtr.evals.runners import SYSTEM_PROMPTS, default_roles, load_team_spec, with_private_view
+from teamtr.cli.eval import load_eval_team
+from teamtr.evals.runners import SYSTEM_PROMPTS, default_roles, with_private_view
 from teamtr.evals.tasks import get_task, task_names
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import role_messages
@@ -175,8 +176,8 @@ def cached_split_model(tmp_path, monkeypatch):
 def test_eval_warm_resolves_the_family_model(cached_split_model, tmp_path):
     from teamtr.cli.main import app
 
-    spec = load_team_spec("warm", "split")
-    assert spec.base == cached_split_model
+    team = load_eval_team("warm", "split")
+    assert team.bases == {"base": str(cached_split_model)}
     args = ["eval", "warm", "--task", "split", "--limit", "2", "--json", "--out", str(tmp_path / "e")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -1,6 +1,6 @@
 """Run-directory files that survive `kill -9`: versioned peft adapters and the resume checkpoint.
 
-    RUN_DIR/adapters/<role>/v<version>/adapter_config.json + adapter_model.safetensors   (peft format)
+    RUN_DIR/adapters/<adapter>/v<version>/adapter_config.json + adapter_model.safetensors   (peft format)
     RUN_DIR/checkpoints/step-<n>/    state.json, adapters.safetensors, optim.pt, rng.pt, batches/
     RUN_DIR/checkpoints/LATEST       the name of the newest complete checkpoint
 
@@ -28,8 +28,10 @@ CHECKPOINTS = "checkpoints"
 LATEST = "LATEST"
 
 
-def adapter_dir(run_dir: str | Path, role: str, version: int) -> Path:
-    return Path(run_dir) / "adapters" / role / f"v{version}"
+def adapter_dir(run_dir: str | Path, adapter: str, version: int) -> Path:
+    """Named after the role's adapter (`Role.adapter`), as the engine, the checkpoint and serving's
+    registry (serving/registry.py `version_dirs`) name it."""
+    return Path(run_dir) / "adapters" / adapter / f"v{version}"
 
 
 def save_peft_adapter(peft_model, adapter_name: str, out_dir: str | Path) -> Path:

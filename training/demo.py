@@ -16,12 +16,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.evals.tasks import get_task
+from teamtr.graphs.roles import with_temperature
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
-from teamtr.training.progress import TrainingProgress
-from teamtr.training.trainer import Trainer, held_out_return, load_roles, with_temperature
+from teamtr.training.progress import RichCallbacks, TrainingProgress, progress_bars
+from teamtr.training.run_dir import RunDir, model_path
+from teamtr.training.trainer import Trainer, held_out_return
 
 # The demo's settings (examples/demo.yaml holds the same): chosen on this 2-core machine so that the
 # whole demo, warm start included, stays within 10 minutes.
@@ -40,30 +41,31 @@ def demo_config(base_config: Path | None, **overrides: Any) -> TrainConfig:
     return cfg.with_overrides(overrides)
 
 
-def final_accuracy(engine: EmbeddedEngine, cfg: TrainConfig) -> dict[str, Any]:
+def final_accuracy(engine: EmbeddedEngine, run: RunDir) -> dict[str, Any]:
     """Team accuracy on `eval.final_episodes` held-out tasks with the engine's current adapters."""
-    roles = load_roles(cfg.team.roles, cfg.task.name, cfg.task.options)
-    task = get_task(cfg.task.name, **cfg.task.options)
+    cfg = run.config
+    task = run.task()
     tasks = task.generate(cfg.eval.final_episodes, seed=cfg.task.eval_seed)
-    team = Team.from_engine(with_temperature(roles, cfg.eval.temperature), engine, name="eval")
+    team = Team.from_engine(with_temperature(run.roles, cfg.eval.temperature), engine, name="eval")
     return held_out_return(team, task, tasks, seed=derive_seed(cfg.seed, "final-eval"))
 
 
-def warm_start_engine(cfg: TrainConfig, model_path: str) -> EmbeddedEngine:
-    roles = load_roles(cfg.team.roles, cfg.task.name, cfg.task.options)
-    return EmbeddedEngine(model_path, adapters={r.adapter: None for r in roles}, threads=cfg.torch_threads)
+def warm_start_accuracy(cfg: TrainConfig) -> dict[str, Any]:
+    """The team before training (fresh LoRA adapters: B = 0, the warm-started model itself), in the run
+    directory the training then uses."""
+    run = RunDir.create(cfg)
+    return final_accuracy(run.engine("fresh"), run)
 
 
 def train_and_evaluate(cfg: TrainConfig, callbacks: TrainingProgress | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer = Trainer(cfg, callbacks)
     summary = trainer.train()
-    after = final_accuracy(trainer.engine, cfg)
+    after = final_accuracy(trainer.engine, RunDir(cfg.run_dir))
     return {"summary": summary, "after": after, "seconds": time.perf_counter() - t0, "run_dir": cfg.run_dir}
 
 
 def run_demo(out: Path, base_config: Path | None = None, console: Console | None = None) -> dict[str, Any]:
-    from teamtr.cli.train import RichCallbacks, progress_bars
     from teamtr.training.report import write_report
 
     console = console or Console()
@@ -71,10 +73,10 @@ def run_demo(out: Path, base_config: Path | None = None, console: Console | None
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     cfg = demo_config(base_config, run_dir=str(run_dir))
-    model_path = Trainer(cfg).model_path()  # builds (or reuses) the cached warm-started model
-    cfg = cfg.with_overrides({"team.model": model_path})
-    console.print(f"warm-started model: {model_path}")
-    before = final_accuracy(warm_start_engine(cfg, model_path), cfg)
+    model = model_path(cfg)  # builds (or reuses) the cached warm-started model
+    cfg = cfg.with_overrides({"team.model": model})
+    console.print(f"warm-started model: {model}")
+    before = warm_start_accuracy(cfg)
     console.print(
         f"warm start: held-out team accuracy {before['accuracy']:.1%} ({before['episodes']} episodes)"
     )
@@ -124,12 +126,14 @@ def run_compare(
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     cfg0 = demo_config(base_config)
-    model_path = Trainer(cfg0).model_path()
+    model = model_path(cfg0)
     per_seed: list[dict[str, Any]] = []
     for seed in range(seeds):
-        cfg = cfg0.with_overrides({"seed": seed, "team.model": model_path})
-        warm = final_accuracy(warm_start_engine(cfg, model_path), cfg)
-        tr = train_and_evaluate(cfg.with_overrides({"run_dir": str(out / f"teamtr-seed{seed}")}))
+        cfg = cfg0.with_overrides(
+            {"seed": seed, "team.model": model, "run_dir": str(out / f"teamtr-seed{seed}")}
+        )
+        warm = warm_start_accuracy(cfg)
+        tr = train_and_evaluate(cfg)
         budget = tr["summary"]["train_tokens"]
         naive_cfg = cfg.with_overrides(
             {

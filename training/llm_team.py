@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from teamtr.graphs.roles import Role
+from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
@@ -42,13 +42,6 @@ from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, teamtr_step
-
-
-def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
-    return [
-        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, temperature=temperature))
-        for r in roles
-    ]
 
 
 @dataclass
@@ -198,7 +191,7 @@ class LLMStageTeam:
             save_peft_adapter(
                 self.engine.model(policy.base),
                 policy.adapter,
-                adapter_dir(self.run_dir, ctx.role, step.version),
+                adapter_dir(self.run_dir, role.adapter, step.version),
             )
 
         diagnostics = {

@@ -44,14 +44,13 @@ from typing import Any, Literal
 import torch
 from langchain_core.messages import BaseMessage
 
-from teamtr.evals.tasks import get_task
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
-from teamtr.graphs.roles import Role, role_messages
+from teamtr.graphs.roles import Role, role_messages, with_temperature
 from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.certificate import certificate_constant
 from teamtr.training.checkpoint import (
     CHECKPOINTS,
@@ -63,7 +62,8 @@ from teamtr.training.checkpoint import (
 )
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import METRICS_FILE, MetricsLog
-from teamtr.training.trainer import held_out_return, load_roles, with_bases, with_temperature
+from teamtr.training.run_dir import RunDir
+from teamtr.training.trainer import held_out_return
 from teamtr.training.vocab_kl import Side, completion_mask, full_logprobs, token_kl_per_message
 
 Divergence = Literal["auto", "token", "text"]
@@ -157,11 +157,8 @@ class Callbacks:
 # Loading the run
 
 
-def load_run(run_dir: Path) -> tuple[TrainConfig, Checkpoint]:
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = TrainConfig.from_yaml(cfg_path)
+def load_run(run_dir: Path) -> tuple[RunDir, Checkpoint]:
+    run = RunDir(run_dir)
     ckpt = load_latest_checkpoint(run_dir)
     if ckpt is None:
         raise ValueError(f"{run_dir} has no checkpoint yet: train at least one stage before a swap")
@@ -170,24 +167,14 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Checkpoint]:
             f"{run_dir} stopped in the middle of stage {ckpt.state['next_stage']}: resume it with "
             "`teamtr train` to the end of a stage, then swap"
         )
-    return cfg, ckpt
+    return run, ckpt
 
 
-def team_engine(
-    cfg: TrainConfig, roles: list[Role], ckpt: Checkpoint, extra_bases: dict[str, str] | None = None
-) -> EmbeddedEngine:
+def team_engine(run: RunDir, ckpt: Checkpoint, extra_bases: dict[str, str] | None = None) -> EmbeddedEngine:
     """The team exactly as the checkpoint left it (every role's adapter weights and version), plus
     `extra_bases` (the newcomer) loaded beside it."""
-    from teamtr.training.trainer import Trainer
-
-    bases = {**cfg.team.bases, **(extra_bases or {})}
-    if any(r.base_model == DEFAULT_BASE for r in roles):
-        bases = {DEFAULT_BASE: Trainer(cfg).model_path(), **bases}
-    engine = EmbeddedEngine(
-        bases, lora=LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha), threads=cfg.torch_threads
-    )
-    for r in roles:
-        engine.add_adapter(r.adapter, base=r.base_model)
+    engine = run.engine("fresh", extra_bases=extra_bases)
+    for r in run.roles:
         engine.restore_adapter(
             r.adapter, {k: v.clone() for k, v in ckpt.adapters[r.adapter].items()}, r.base_model
         )
@@ -474,7 +461,8 @@ class Aligner:
 def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None = None) -> SwapResult:
     callbacks = callbacks or Callbacks()
     run_dir = Path(run_dir)
-    train_cfg, ckpt = load_run(run_dir)
+    run, ckpt = load_run(run_dir)
+    train_cfg = run.config
     torch.set_num_threads(train_cfg.torch_threads)
     newcomer_path = Path(cfg.model).resolve()
     if not (newcomer_path / "config.json").is_file():
@@ -485,20 +473,17 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None 
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
 
-    roles = with_bases(
-        load_roles(train_cfg.team.roles, train_cfg.task.name, train_cfg.task.options),
-        train_cfg.team.role_bases,
-    )
+    roles = run.roles
     names = [r.name for r in roles]
     if cfg.role not in names:
         raise ValueError(f"unknown role {cfg.role!r}; the team's roles are {names}")
     role = next(r for r in roles if r.name == cfg.role)
-    task = get_task(train_cfg.task.name, **train_cfg.task.options)
+    task = run.task()
 
     base_name = cfg.base_name or _fresh_base_name(cfg.role, train_cfg)
     if base_name in (DEFAULT_BASE, *train_cfg.team.bases):
         raise ValueError(f"base model name {base_name!r} is taken")
-    engine = team_engine(train_cfg, roles, ckpt, {base_name: str(newcomer_path)})
+    engine = team_engine(run, ckpt, {base_name: str(newcomer_path)})
     torch.manual_seed(derive_seed(cfg.seed, "newcomer-lora"))
     engine.add_adapter(role.adapter, base=base_name)  # fresh LoRA (B = 0): starts as the newcomer itself
     new_roles = [dataclasses.replace(r, base_model=base_name) if r.name == cfg.role else r for r in roles]
@@ -559,7 +544,7 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, callbacks: Callbacks | None 
     new_cfg = TrainConfig.from_dict(new_dict)
     _copy_run(run_dir, out)
     new_cfg.to_yaml(out / "config.yaml")
-    save_peft_adapter(engine.model(base_name), role.adapter, adapter_dir(out, cfg.role, new_version))
+    save_peft_adapter(engine.model(base_name), role.adapter, adapter_dir(out, role.adapter, new_version))
     _write_probes(out, probes)
 
     state = dict(ckpt.state)

@@ -16,7 +16,6 @@ adapters, bit for bit, as an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -25,16 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from teamtr.evals.tasks import get_task
-from teamtr.graphs.engine import DEFAULT_BASE
-from teamtr.graphs.roles import Role
+from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.certificate import rank_correlation
 from teamtr.training.checkpoint import (
     Checkpoint,
-    adapter_dir,
     load_latest_checkpoint,
     rng_state,
     save_checkpoint,
@@ -43,47 +39,12 @@ from teamtr.training.checkpoint import (
 )
 from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import out_of_sample_summary
-from teamtr.training.llm_team import LLMStageTeam, RunState, with_temperature
+from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
+from teamtr.training.run_dir import RunDir, model_path
 from teamtr.training.stage import run_stage
-
-
-def load_roles(spec: str | None, task: str = "chain", options: dict[str, Any] | None = None) -> list[Role]:
-    """`module:function` -> the team's roles; None -> the task's own team (evals.runners.default_roles:
-    the chain adders, or generic solvers each with its own adapter)."""
-    if spec is None:
-        from teamtr.evals.runners import default_roles
-
-        if task == "split":  # its roles read private tables, which the trainer's rollouts do not pass
-            raise ValueError("task split: the trainer has no private per-role views; give team.roles")
-        return default_roles(task, options=options, trainable=True)
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise ValueError(f"team.roles must look like 'module:function', got {spec!r}")
-    roles = getattr(importlib.import_module(module_name), attr)()
-    if not roles or not all(isinstance(r, Role) for r in roles):
-        raise ValueError(f"{spec} must return a non-empty list of Role")
-    missing = [r.name for r in roles if r.adapter is None]
-    if missing:
-        raise ValueError(f"roles {missing} have no LoRA adapter: nothing to train")
-    return roles
-
-
-def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
-    """Roles with the base model the config names for them (team.role_bases), others unchanged."""
-    unknown = sorted(set(role_bases) - {r.name for r in roles})
-    if unknown:
-        raise ValueError(f"team.role_bases names unknown roles {unknown}")
-    return [dataclasses.replace(r, base_model=role_bases.get(r.name, r.base_model)) for r in roles]
-
-
-def lora_settings(cfg: TrainConfig) -> LoraSettings:
-    lora = LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha)
-    if cfg.team.lora_targets:
-        lora.target_modules = tuple(cfg.team.lora_targets)
-    return lora
 
 
 def held_out_return(team: Team, task: TaskFamily, tasks: list[TaskInstance], seed: int) -> dict[str, Any]:
@@ -109,31 +70,16 @@ class Trainer:
         self._engine = engine
 
     def model_path(self) -> str:
-        if self.cfg.team.model:
-            return self.cfg.team.model
-        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
-
-        return str(ensure_warm_model(warm_config_for(self.cfg.task.name), progress=False))  # the task's own
+        return model_path(self.cfg)  # team.model, else the task's own warm-started model
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         torch.set_num_threads(cfg.torch_threads)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._check_config()
-        roles = with_bases(load_roles(cfg.team.roles, cfg.task.name, cfg.task.options), cfg.team.role_bases)
-        task = get_task(cfg.task.name, **cfg.task.options)
+        run = RunDir.create(cfg)  # a new run directory, or the same config as the run it resumes
+        roles = run.roles
+        task = run.task()
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
-        engine = self._engine
-        if engine is None:
-            # the default base is loaded only when a role sits on it (a fully swapped team needs none)
-            uses_default = any(r.base_model == DEFAULT_BASE for r in roles)
-            engine = EmbeddedEngine(
-                {**({DEFAULT_BASE: self.model_path()} if uses_default else {}), **cfg.team.bases},
-                lora=lora_settings(cfg),
-                threads=cfg.torch_threads,
-            )
-            for r in roles:  # each role's adapter on its own base (heterogeneous teams)
-                engine.add_adapter(r.adapter, base=r.base_model)
+        engine = self._engine or run.engine("fresh", threads=cfg.torch_threads)
         ckpt = load_latest_checkpoint(self.run_dir)
         state = RunState()
         metrics = MetricsLog(self.run_dir)
@@ -146,7 +92,7 @@ class Trainer:
             start_stage = self._restore(team, ckpt)
         else:
             for r in roles:  # v0: the adapters the run starts from
-                save_peft_adapter(engine.model(r.base_model), r.adapter, adapter_dir(self.run_dir, r.name, 0))
+                save_peft_adapter(engine.model(r.base_model), r.adapter, run.adapter_dir(r.adapter, 0))
 
         evaluate = self._stage_evaluation(roles, engine, task)
         if not state.evals:
@@ -213,18 +159,6 @@ class Trainer:
         return evaluate
 
     # ---- resume ---------------------------------------------------------------------------------------
-    def _check_config(self) -> None:
-        saved = self.run_dir / "config.yaml"
-        if saved.exists():
-            before = TrainConfig.from_yaml(saved).to_dict()
-            if before != self.cfg.to_dict():
-                raise ValueError(
-                    f"{self.run_dir} holds a run with a different config ({saved}); resume it with that "
-                    "config or choose another run_dir"
-                )
-        else:
-            self.cfg.to_yaml(saved)
-
     def _checkpoint(self, team: LLMStageTeam, next_stage: int) -> None:
         """After every completed update (mid-stage) and every completed stage (next_stage = stage + 1)."""
         state = {

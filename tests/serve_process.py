@@ -1,0 +1,41 @@
+"""`teamtr serve ...` as a user runs it: its own process, on a free port, used once /health answers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from teamtr.serving.vllm_server import free_port
+
+
+@contextmanager
+def serve_process(*args: str, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
+    """Run `teamtr serve ARGS --port P` until the block ends; yields the server's URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "teamtr.cli.main", "serve", *args, "--port", str(port)],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert process.poll() is None, process.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "teamtr serve did not become healthy"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(60)

@@ -1,0 +1,41 @@
+"""The README's benchmark commands (its results table) run: `python benchmarks/overhead.py` and
+`python benchmarks/swap_shock.py`, in their own processes, at the smallest sizes their options allow."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_readme_benchmark_commands_run_at_tiny_sizes(tiny_model_dir, tmp_path):
+    """`python benchmarks/overhead.py` and `python benchmarks/swap_shock.py ...` (the README's results
+    table), on the seconds-sized model with the smallest settings their options allow."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    overhead = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "overhead.py"), "--stages", "1", "--model", str(tiny_model_dir),
+         "--out", str(tmp_path / "overhead")],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert overhead.returncode == 0, overhead.stderr[-3000:]
+    assert "TeamTR / naive: rollout tokens per stage" in overhead.stdout
+    newcomer = tmp_path / "newcomer"
+    shutil.copytree(tiny_model_dir, newcomer)
+    shock = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "swap_shock.py"), "--seeds", "1", "--stages-before", "1",
+         "--stages-after", "1", "--probes", "4", "--max-rounds", "1", "--prompts", "2", "--group", "2",
+         "--eval-episodes", "4", "--incumbent", str(tiny_model_dir), "--newcomer", str(newcomer),
+         "--out", str(tmp_path / "shock")],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert shock.returncode == 0, shock.stderr[-3000:]
+    saved = json.loads((tmp_path / "shock" / "swap_shock.json").read_text())
+    assert set(saved["runs"][0]) >= {"direct", "stage0"}
