@@ -72,8 +72,10 @@ def test_adapters_are_saved_and_read_under_the_adapters_name(renamed_run):
 
 
 def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
+    from serving_fixtures import serve_in_background
+
     from teamtr.cli.eval import load_eval_team
-    from teamtr.cli.serve import BackgroundServer, ServeConfig
+    from teamtr.cli.serve import ServeConfig
     from teamtr.cli.serve import app as cli_app
 
     team = load_eval_team(str(renamed_run.path), "chain")
@@ -82,7 +84,7 @@ def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
     config = ServeConfig.from_run_dir(
         renamed_run.path, "chain", admin_key="adm", tracing={"sqlite_path": None}
     )
-    with BackgroundServer(config) as server:
+    with serve_in_background(config) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         reply = client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "1+2+3"}])
         extension = reply.model_extra["teamtr"]
