@@ -46,6 +46,7 @@ from teamtr.serving.protocol import (
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.service import CONVERSATION_HEADER, TIMEOUT_HEADER, ChatCompletionService
 from teamtr.serving.settings import ServeSettings, TeamPolicy
+from teamtr.serving.shutdown import CancelledAnswer
 from teamtr.serving.tracing import TeamTracer
 
 __all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what cli/serve.py builds from
@@ -91,6 +92,7 @@ def create_app(
     )
     app.state.service = service
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CancelledAnswer)
     app.add_middleware(RequestMetrics, metrics=lambda: service.metrics)
     install_error_handlers(app)
     api_key = [Depends(api_key_check(settings))]
