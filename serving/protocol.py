@@ -87,6 +87,14 @@ class StreamOptions(BaseModel):
     include_turns: bool = Field(False, description="teamtr extension: stream each agent turn as it ends")
 
 
+class RequestMetadata(BaseModel):
+    """teamtr reads one key; any other would be ignored, so it is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str | None = Field(None, max_length=256, description="groups requests (feedback)")
+
+
 class ChatCompletionRequest(BaseModel):
     """Sampling fields apply to every role's turns, except what the team pins (docs/serving.md)."""
 
@@ -109,7 +117,7 @@ class ChatCompletionRequest(BaseModel):
     )
     timeout: float | None = Field(None, gt=0, le=86_400, description="teamtr: deadline in seconds")
     user: str | None = Field(None, max_length=256, description="recorded nowhere; accepted for clients")
-    metadata: dict[str, str] | None = None
+    metadata: RequestMetadata | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -190,7 +190,7 @@ class ChatCompletionService:
                 code="context_length_exceeded",
             )
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        given = (request.metadata or {}).get("conversation_id") or conversation_header
+        given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
         conversation_id = given[:256] if given else completion_id
         return Completion(
             request,

@@ -155,6 +155,7 @@ USER = {"role": "user", "content": TASK}
         ({"web_search_options": {}}, "web_search_options"),
         ({"verbosity": "low"}, "verbosity"),
         ({"best_of": 2}, "best_of"),
+        ({"metadata": {"project": "x"}}, "metadata.project"),
         (
             {"stream_options": {"include_obfuscation": True}, "stream": True},
             "stream_options.include_obfuscation",
