@@ -114,12 +114,14 @@ def test_a_full_queue_answers_429_with_retry_after(served, paused):
         wait_until(lambda: metrics(served)[("teamtr_queue_depth", (("team", "chain"),))] == 1)
         depth.append(1)
         third = post(served, KEYS[0])
+        streamed = post(served, KEYS[0], stream=True)  # refused before any header: a real 429
         statuses = [first.result().status_code, second.result().status_code]
     assert statuses == [200, 200], [first.result().text, second.result().text]
     assert third.status_code == 429
     error = third.json()["error"]
     assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
     assert int(third.headers["Retry-After"]) >= 1
+    assert streamed.status_code == 429 and streamed.json()["error"]["code"] == "queue_full"
     assert in_flight(served) == 0
 
 
@@ -206,6 +208,7 @@ def test_readiness_follows_the_engine_and_the_adapters(served, run_dir, paused):
 def test_metrics_after_some_requests(served, tiny_model_dir, tmp_path):
     before = metrics(served)
     replies = [post(served, KEYS[5]).json() for _ in range(2)]
+    assert post(served, KEYS[5], stream=True).status_code == 200
     assert post(served, KEYS[5], temperature=-1).status_code == 400
     after = metrics(served)
 
@@ -213,15 +216,17 @@ def test_metrics_after_some_requests(served, tiny_model_dir, tmp_path):
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert delta("teamtr_requests_total", team="chain", status="200") == 2
+    assert delta("teamtr_requests_total", team="chain", status="200") == 3
     assert delta("teamtr_requests_total", team="unknown", status="400") == 1  # refused before a team ran
-    assert delta("teamtr_episode_seconds_count", team="chain") == 2
+    assert delta("teamtr_episode_seconds_count", team="chain") == 3
+    assert delta("teamtr_time_to_first_content_seconds_count", team="chain") == 1  # the streamed one
     for role in ("adder1", "adder2", "adder3"):
-        assert delta("teamtr_turn_seconds_count", team="chain", role=role) == 2
+        assert delta("teamtr_turn_seconds_count", team="chain", role=role) == 3
         tokens = sum(
             t["completion_tokens"] for r in replies for t in r["teamtr"]["turns"] if t["role"] == role
         )
-        assert delta("teamtr_generated_tokens_total", team="chain", role=role) == tokens
+        # greedy: the streamed episode's turns are those of the other two
+        assert delta("teamtr_generated_tokens_total", team="chain", role=role) == tokens * 3 / 2
     assert after[("teamtr_adapter_version", (("adapter", "adder1"),))] == 2
     # a swap and a refused push show in the registry's counters
     admin = {"Authorization": "Bearer admin"}
