@@ -4,7 +4,9 @@ Semantics (docs/serving.md, "Sampling"): `temperature`, `top_p`, `max_tokens` / 
 and `stop` apply to every role's turns, because which role speaks last is only known when the router
 ends the episode; a role keeps its own stop strings and adds the request's. A team pins fields per role
 (`TeamPolicy.pinned`, serving/settings.py) and a request cannot override them; a request field that
-every role of the team pins changes nothing, so it is refused (400) rather than ignored.
+every role of the team pins changes nothing, so it is refused (400) rather than ignored. A role that
+speaks through a plain LangChain chat model (not engine-backed) samples as that model is configured; it
+counts as pinning every field.
 
 The team's LangGraph graph is compiled once per distinct combination of settings and cached: a variant
 is the same team whose engine-backed chat models sample with the resolved settings.
@@ -67,9 +69,13 @@ def apply(sampling: SamplingParams, fields: dict[str, Any]) -> SamplingParams:
 
 
 def refuse_fully_pinned(team: Team, pinned: dict[str, dict[str, Any]], asked: dict[str, Any]) -> None:
-    """400 for a request field that no role of the team would sample with (every role pins it)."""
+    """400 for a request field that no role of the team would sample with: every role pins it, or speaks
+    through a plain LangChain chat model (its settings are that model's own)."""
     for name in asked:
-        if all(name in pinned.get(r.name, {}) for r in team.roles):
+        if all(
+            name in pinned.get(r.name, {}) or not isinstance(team.models[r.name], EngineChatModel)
+            for r in team.roles
+        ):
             param = "max_tokens" if name == "max_tokens" else name
             raise APIError(
                 400,
@@ -88,12 +94,13 @@ class TeamVariants:
         self._cache: OrderedDict[Overrides, Team] = OrderedDict()
 
     def sampling_of(self, asked: dict[str, Any]) -> dict[str, SamplingParams]:
-        """role -> the settings its turns use: declared, then the request's, then the team's pins."""
+        """role -> the settings its turns use: declared, then the request's, then the team's pins (roles
+        on engine-backed chat models; others sample as their own chat model says)."""
         out = {}
         for role in self.team.roles:
             model = self.team.models[role.name]
-            declared = model.sampling if isinstance(model, EngineChatModel) else role.sampling
-            out[role.name] = apply(apply(declared, asked), self.pinned.get(role.name, {}))
+            if isinstance(model, EngineChatModel):
+                out[role.name] = apply(apply(model.sampling, asked), self.pinned.get(role.name, {}))
         return out
 
     def team_for(self, asked: dict[str, Any]) -> Team:
