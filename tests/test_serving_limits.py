@@ -105,7 +105,7 @@ def wait_until(predicate, timeout: float = 10.0) -> None:
 
 
 def test_a_full_queue_answers_429_with_retry_after(served, paused):
-    paused(0.4)  # an episode takes ~1.2 s: 3 turns
+    paused(0.8)  # an episode takes ~2.4 s (3 turns): the queue stays full while the test looks
     depth = []
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(post, served, KEYS[0])
@@ -289,3 +289,39 @@ def test_shutdown_cancels_what_outlives_the_drain_deadline(tiny_model_dir, run_d
     assert isinstance(outcome, httpx.Response), outcome  # cut, rather than waited for (~9 s)
     assert outcome.status_code == 503 and outcome.json()["error"]["code"] == "server_shutting_down"
     assert took < 5
+
+
+# ---- the admission gate itself (serving/limits.py), without a server ---------------------------------
+
+
+async def test_the_gate_admits_in_arrival_order_and_a_cancelled_waiter_leaves_the_queue():
+    from teamtr.serving.errors import APIError
+    from teamtr.serving.limits import AdmissionGate
+
+    gate = AdmissionGate("t", max_in_flight=2, max_waiting=3)
+    await gate.acquire(2)
+    order: list[str] = []
+
+    async def wait(name: str, places: int) -> None:
+        await gate.acquire(places)
+        order.append(name)
+
+    big = asyncio.create_task(wait("big", 2))
+    await asyncio.sleep(0)
+    small = asyncio.create_task(wait("small", 1))
+    await asyncio.sleep(0)
+    assert (gate.in_flight, gate.waiting) == (2, 3)
+    with pytest.raises(APIError) as refused:
+        await gate.acquire(1)
+    assert refused.value.status == 429 and int(refused.value.headers["Retry-After"]) >= 1
+    gate.release(1)
+    await asyncio.sleep(0)
+    assert order == []  # one place is free, but "big" came first and needs two: "small" waits behind it
+    big.cancel()
+    await asyncio.gather(big, return_exceptions=True)
+    await asyncio.sleep(0)
+    await small
+    assert order == ["small"] and (gate.in_flight, gate.waiting) == (2, 0)
+    with pytest.raises(APIError) as too_many:
+        await gate.acquire(3)
+    assert too_many.value.status == 400 and too_many.value.param == "n"
