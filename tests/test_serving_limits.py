@@ -30,12 +30,17 @@ class PausingEngine(EmbeddedEngine):
 
     pause_s = 0.0
     broken: str | None = None
+    cancelled = 0  # generate calls cancelled while they waited
 
     async def generate(self, prompt_ids: list[int], **kwargs: Any):
-        await asyncio.sleep(self.pause_s)
-        if self.broken:
-            raise RuntimeError(self.broken)
-        return await super().generate(prompt_ids, **kwargs)
+        try:
+            await asyncio.sleep(self.pause_s)
+            if self.broken:
+                raise RuntimeError(self.broken)
+            return await super().generate(prompt_ids, **kwargs)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +132,7 @@ def test_a_full_queue_answers_429_with_retry_after(served, paused):
 
 def test_the_deadline_cancels_the_episode_with_408(served, paused):
     paused(1.0)
-    before = len(served.trajectories)
+    before, cancelled = len(served.trajectories), served.server.engine.cancelled
     started = time.monotonic()
     r = post(served, KEYS[1], timeout=0.5)
     assert time.monotonic() - started < 2.5
@@ -135,6 +140,7 @@ def test_the_deadline_cancels_the_episode_with_408(served, paused):
     assert r.json()["error"]["code"] == "deadline_exceeded" and r.json()["error"]["param"] == "timeout"
     header = post(served, KEYS[1], headers={"X-Request-Timeout": "0.5"})
     assert header.status_code == 408
+    assert served.server.engine.cancelled == cancelled + 2
     assert in_flight(served) == 0 and httpx.get(served.url + "/health").json()["in_flight"] == 0
     time.sleep(1.5)
     assert len(served.trajectories) == before  # the cancelled episodes never finished
@@ -164,9 +170,11 @@ def test_a_client_that_goes_away_cancels_its_episode(served, paused):
     paused(1.0)  # the episode would take ~3 s
     before = len(served.trajectories)
     counted = metrics(served).get(("teamtr_requests_total", (("status", "499"), ("team", "chain"))), 0.0)
+    cancelled = served.server.engine.cancelled
     with pytest.raises(httpx.ReadTimeout):
         post(served, KEYS[2], client_timeout=0.5)  # the client gives up and closes the connection
     wait_until(lambda: in_flight(served) == 0, timeout=2.0)  # well before the episode would have ended
+    assert served.server.engine.cancelled == cancelled + 1  # the cancellation reached the engine call
     assert httpx.get(served.url + "/health").json()["in_flight"] == 0  # its adapter pins are released
     time.sleep(3.0)
     assert len(served.trajectories) == before  # it never finished
