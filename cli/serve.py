@@ -44,7 +44,7 @@ from teamtr.serving.admin_client import (
     AdminRequestError,
     ServerUnreachableError,
 )
-from teamtr.serving.app import ServedTeam, ServeSettings, create_app
+from teamtr.serving.app import ServedTeam, ServeSettings, TeamPolicy, create_app
 from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider, trajectories_from_store
@@ -66,6 +66,10 @@ class ServedTeamConfig(BaseModel):
     run_dir: str | None = None  # a training run: the newest adapters/<adapter>/v<N>/ of each role is served
     adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
     temperature: float | None = Field(0.0, ge=0)  # every role samples at this temperature; None: as declared
+    # role -> {temperature|top_p|max_tokens|stop: value}: what a request cannot override (docs/serving.md)
+    pinned: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    max_in_flight: int = Field(64, ge=1)  # episodes of this team running at once
+    max_waiting: int = Field(256, ge=0)  # more episodes queued; beyond: 429 with Retry-After
 
 
 class TracingSpec(BaseModel):
@@ -92,6 +96,11 @@ class ServeConfig(BaseModel):
     admin_key: str | None = None
     max_prompt_tokens: int | None = None  # None: a quarter of the model's context length
     max_body_bytes: int = 1_000_000
+    max_n: int = Field(8, ge=1)  # a request's `n` (episodes, one choice each) above this gets 400
+    rate_limit_rpm: float | None = Field(None, gt=0)  # per API key (token bucket); None: no limit
+    rate_limit_burst: int | None = Field(None, ge=1)  # the bucket's size; None: one minute's worth
+    request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request, and its maximum
+    drain_timeout_s: float = Field(30.0, ge=0)  # on shutdown, in-flight requests get this long to finish
     torch_threads: int = Field(1, ge=1)
     device: str = "auto"  # embedded engine: auto | cpu | cuda | cuda:K (serving/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on a GPU, else float32
@@ -252,6 +261,15 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
         admin_key=config.admin_key,
         max_prompt_tokens=config.max_prompt_tokens or max(1, context_length(model) // 4),
         max_body_bytes=config.max_body_bytes,
+        max_n=config.max_n,
+        teams={
+            name: TeamPolicy(spec.max_in_flight, spec.max_waiting, spec.pinned)
+            for name, spec in config.teams.items()
+        },
+        rate_limit_rpm=config.rate_limit_rpm,
+        rate_limit_burst=config.rate_limit_burst,
+        request_timeout_s=config.request_timeout_s,
+        drain_timeout_s=config.drain_timeout_s,
     )
     app = create_app(teams, registry, tracer, settings, on_trajectory=on_trajectory)
     return Server(app, engine, registry, tracer, teams, vllm_servers)
@@ -329,7 +347,10 @@ async def _serve_forever(config: ServeConfig) -> None:
         f"serving teams {sorted(server.teams)} on http://{config.host}:{config.port} "
         f"({config.engine} engine); adapters {server.registry.current_versions()}"
     )
-    await uvicorn.Server(uvicorn.Config(server.app, host=config.host, port=config.port)).serve()
+    # on SIGTERM uvicorn stops accepting, lets requests in flight finish for drain_timeout_s, then cancels them
+    drain = config.drain_timeout_s
+    uv = uvicorn.Config(server.app, host=config.host, port=config.port, timeout_graceful_shutdown=drain)
+    await uvicorn.Server(uv).serve()
 
 
 @contextmanager

@@ -3,23 +3,25 @@
     POST /v1/chat/completions   run the team on the conversation; the final message is the answer
     GET  /v1/models             the teams served
     POST /v1/feedback           attach a reward to a conversation (for traces -> trajectories)
-    GET  /health
+    GET  /health, /health/live, /health/ready (ready: the engine answers and every adapter is loaded)
+    GET  /metrics               Prometheus
     GET  /admin/adapters, POST /admin/adapters, POST /admin/adapters/rollback   (admin key)
 
 This module only assembles the app; each job has its own module: serving/service.py (validate, run,
 build responses and stream chunks), serving/episodes.py (an episode on pinned adapter versions, its
 turns and spans), serving/errors.py (OpenAI's error shape), serving/auth.py (keys), serving/admin.py
-(the /admin routes), serving/body_limit.py (413). The wire format is serving/protocol.py; docs/serving.md
-describes the API.
+(the /admin routes), serving/body_limit.py (413), serving/limits.py (queues, rate limits),
+serving/sampling.py (a request's sampling under the team's pins), serving/health.py (readiness),
+serving/metrics.py (Prometheus). The wire format is serving/protocol.py; docs/serving.md describes the API.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory
@@ -28,21 +30,34 @@ from teamtr.serving.auth import admin_key_check, api_key_check
 from teamtr.serving.body_limit import BodyLimit
 from teamtr.serving.episodes import Conversations, EpisodeRunner, ServedTeam, registered_adapters
 from teamtr.serving.errors import ERROR_RESPONSES, install_error_handlers
+from teamtr.serving.health import not_ready_reasons
+from teamtr.serving.metrics import CONTENT_TYPE, TEAM_STATE_KEY, RequestMetrics
 from teamtr.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
+    LiveResponse,
     ModelCard,
     ModelList,
+    ReadyResponse,
 )
 from teamtr.serving.registry import AdapterRegistry
-from teamtr.serving.service import CONVERSATION_HEADER, ChatCompletionService
-from teamtr.serving.settings import ServeSettings
+from teamtr.serving.service import CONVERSATION_HEADER, TIMEOUT_HEADER, ChatCompletionService
+from teamtr.serving.settings import ServeSettings, TeamPolicy
+from teamtr.serving.shutdown import CancelledAnswer
 from teamtr.serving.tracing import TeamTracer
 
-__all__ = ["ServeSettings", "ServedTeam", "create_app"]  # what cli/serve.py builds a server from
+__all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what cli/serve.py builds from
+
+
+def _caller(http: Request) -> str:
+    """Whom a rate limit counts: the bearer key, else the client's address."""
+    auth = http.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return "key:" + auth[7:].strip()
+    return "addr:" + (http.client.host if http.client else "unknown")
 
 
 def create_app(
@@ -77,6 +92,8 @@ def create_app(
     )
     app.state.service = service
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CancelledAnswer)
+    app.add_middleware(RequestMetrics, metrics=lambda: service.metrics)
     install_error_handlers(app)
     api_key = [Depends(api_key_check(settings))]
 
@@ -87,14 +104,31 @@ def create_app(
         dependencies=api_key,
     )
     async def chat_completions(request: ChatCompletionRequest, http: Request) -> Any:
-        completion = service.prepare(request, http.headers.get(CONVERSATION_HEADER))
+        if request.model in served:
+            setattr(http.state, TEAM_STATE_KEY, request.model)  # the metrics' team label
+        service.check_rate(_caller(http))
+        completion = service.prepare(
+            request, http.headers.get(CONVERSATION_HEADER), http.headers.get(TIMEOUT_HEADER)
+        )
         headers = {CONVERSATION_HEADER: completion.conversation_id}
+
+        async def disconnected() -> None:  # as vLLM's server does: the next http.disconnect message
+            while (await http.receive())["type"] != "http.disconnect":
+                pass
+
         if request.stream:
-            return StreamingResponse(
-                service.stream(completion), media_type="text/event-stream", headers=headers
-            )
-        body = await service.complete(completion)
-        return JSONResponse(body.model_dump(), headers=headers)
+            await service.admit(completion, disconnected)  # a full queue is a 429, before any header
+            events = service.stream(completion)
+            first = await anext(events)  # started: its `finally` now releases the places, whatever happens
+
+            async def body() -> AsyncIterator[str]:
+                yield first
+                async for event in events:
+                    yield event
+
+            return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+        response = await service.complete(completion, disconnected)
+        return JSONResponse(response.model_dump(), headers=headers)
 
     @app.get("/v1/models", response_model=ModelList, dependencies=api_key, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
@@ -113,6 +147,21 @@ def create_app(
     @app.get("/health", response_model=HealthResponse)
     async def health() -> HealthResponse:
         return service.health()
+
+    @app.get("/health/live", response_model=LiveResponse)
+    async def live() -> LiveResponse:
+        return LiveResponse()
+
+    @app.get("/health/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
+    async def ready() -> Any:
+        reasons = await not_ready_reasons(registry, settings.probe_timeout_s)
+        if reasons:
+            return JSONResponse(ReadyResponse(status="not_ready", reasons=reasons).model_dump(), 503)
+        return ReadyResponse(status="ready")
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     app.include_router(admin_router(registry, admin_key_check(settings)))
     return app

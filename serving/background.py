@@ -48,8 +48,16 @@ class BackgroundServer(Generic[H]):
             self.loop = asyncio.get_running_loop()
             try:
                 self.server = await build()
+                settings = getattr(getattr(self.server.app, "state", None), "settings", None)
+                drain = getattr(settings, "drain_timeout_s", None)  # as `teamtr serve` drains on shutdown
                 self._uvicorn = uvicorn.Server(
-                    uvicorn.Config(self.server.app, host="127.0.0.1", port=port, log_level="warning")
+                    uvicorn.Config(
+                        self.server.app,
+                        host="127.0.0.1",
+                        port=port,
+                        log_level="warning",
+                        timeout_graceful_shutdown=drain,
+                    )
                 )
             except BaseException as e:
                 self._error = e

@@ -67,6 +67,7 @@ class TurnRecorder(AsyncCallbackHandler):
         episode_span: Any,
         conversation_id: str,
         on_turn: Callable[[TurnInfo], None] | None,
+        observe_turn: Callable[[str, float, int], None] | None = None,
     ) -> None:
         self.tracer, self.span, self.conversation_id, self.on_turn = (
             tracer,
@@ -74,6 +75,7 @@ class TurnRecorder(AsyncCallbackHandler):
             conversation_id,
             on_turn,
         )
+        self.observe_turn = observe_turn  # (role, seconds, completion tokens), for /metrics
         self._started: dict[UUID, tuple[int, str]] = {}
         self.turns: list[Turn] = []
         self.finish_reasons: list[str] = []
@@ -99,6 +101,8 @@ class TurnRecorder(AsyncCallbackHandler):
         self.turns.append(turn)
         finish = message.response_metadata.get("finish_reason", "stop")
         self.finish_reasons.append(finish)
+        if self.observe_turn is not None and start_ns is not None:
+            self.observe_turn(turn.role, (time.time_ns() - start_ns) / 1e9, len(turn.completion_ids))
         if self.tracer is not None:
             self.tracer.record_turn(
                 self.span, turn, index, self.conversation_id, start_ns, time.time_ns(), finish
@@ -112,6 +116,7 @@ class EpisodeResult:
     trajectory: Trajectory
     adapter_versions: dict[str, int]  # role -> the version the episode ran on
     finish_reason: str  # "length" when the last turn hit its token cap, else "stop"
+    seconds: float = 0.0  # the episode's wall time
 
 
 class Conversations:
@@ -157,7 +162,11 @@ class EpisodeRunner:
         completion_id: str,
         conversation_id: str,
         on_turn: Callable[[TurnInfo], None] | None = None,
+        graph: Team | None = None,
+        observe_turn: Callable[[str, float, int], None] | None = None,
     ) -> EpisodeResult:
+        """`graph`: the team variant to run (serving/sampling.py; default `team.team`)."""
+        started = time.perf_counter()
         async with self.registry.pin(sorted(set(team.adapters.values()))) as pinned:
             pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
             versions = {role: v for role, (_, v) in pins.items()}
@@ -165,8 +174,8 @@ class EpisodeRunner:
             tracer = self.tracer
             span_cm = tracer.episode(name, conversation_id, task) if tracer is not None else nullcontext()
             with span_cm as span:
-                recorder = TurnRecorder(self.tracer, span, conversation_id, on_turn)
-                trajectory = await team.team.arun(
+                recorder = TurnRecorder(self.tracer, span, conversation_id, on_turn, observe_turn)
+                trajectory = await (graph or team.team).arun(
                     instance, seed=seed, adapter_pins=pins, config={"callbacks": [recorder]}
                 )
                 trajectory.metadata["conversation_id"] = conversation_id
@@ -176,4 +185,6 @@ class EpisodeRunner:
         if self.on_trajectory is not None:
             self.on_trajectory(trajectory)
         finish = recorder.finish_reasons[-1] if recorder.finish_reasons else "stop"
-        return EpisodeResult(trajectory, versions, "length" if finish == "length" else "stop")
+        return EpisodeResult(
+            trajectory, versions, "length" if finish == "length" else "stop", time.perf_counter() - started
+        )

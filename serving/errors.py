@@ -7,6 +7,7 @@ in that shape. `ERROR_RESPONSES` documents those answers in the OpenAPI schema o
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,12 +22,14 @@ TYPE_OF_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    503: "server_error",
 }
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 413)
+    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 429)
 }
 
 
@@ -40,9 +43,23 @@ class APIError(Exception):
         type_: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+
+def too_many_requests(message: str, retry_after_s: float, code: str) -> APIError:
+    """429 in OpenAI's shape with a Retry-After header (whole seconds, at least 1)."""
+    seconds = max(1, math.ceil(retry_after_s))
+    return APIError(
+        429,
+        f"{message}; retry after {seconds} s",
+        "rate_limit_error",
+        code=code,
+        headers={"Retry-After": str(seconds)},
+    )
 
 
 def error_response(
@@ -57,7 +74,7 @@ def error_response(
 
 
 async def _api_error(_: Request, e: APIError) -> JSONResponse:
-    return error_response(e.status, e.message, e.type, e.param, e.code)
+    return error_response(e.status, e.message, e.type, e.param, e.code, e.headers)
 
 
 async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -67,6 +84,16 @@ async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
             400, "the request body is not valid JSON", "invalid_request_error", code="json_invalid"
         )
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "extra_forbidden" and loc:
+        name = ".".join(loc)
+        return error_response(
+            400,
+            f"{name}: this server does not support `{loc[-1]}` (docs/serving.md lists what a team "
+            "honours); leave it out or null",
+            "invalid_request_error",
+            name,
+            "unsupported_parameter",
+        )
     message = first.get("msg", "invalid request")
     if loc:
         message = f"{'.'.join(loc)}: {message}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -203,6 +204,11 @@ class AdapterRegistry:
         self.engine = engine
         self._slots: dict[str, _Slot] = {}
         self._admin = asyncio.Lock()  # one promotion / rollback at a time
+        # per adapter, for /metrics (serving/metrics.py): versions promoted over a live one, pushes
+        # refused, rollbacks done
+        self.swaps: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.rollbacks: Counter[str] = Counter()
 
     # --- reading -------------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -231,7 +237,13 @@ class AdapterRegistry:
         self, adapter: str, path: str | Path, version: int | None = None, base: str = DEFAULT_BASE
     ) -> AdapterVersion:
         """Validate, load under `<adapter>@v<version>`, then switch new episodes to it."""
-        path = Path(path).resolve()
+        try:
+            return await self._push(adapter, Path(path).resolve(), version, base)
+        except AdapterError:
+            self.refused[adapter] += 1
+            raise
+
+    async def _push(self, adapter: str, path: Path, version: int | None, base: str) -> AdapterVersion:
         async with self._admin:
             signature = await asyncio.to_thread(inspect_adapter, path)
             slot = self._slots.get(adapter)
@@ -250,6 +262,7 @@ class AdapterRegistry:
             slot.versions[version] = entry
             slot.promoted.append(version)  # the switch: new episodes pin this version from now on
             if previous is not None:
+                self.swaps[adapter] += 1
                 await self._unload_if_idle(previous)
             return entry
 
@@ -273,6 +286,7 @@ class AdapterRegistry:
                 await self.engine.load_adapter(previous.engine_name, str(previous.path), base=previous.base)
                 previous.live = True
             slot.promoted.pop()  # the switch back
+            self.rollbacks[adapter] += 1
             await self._unload_if_idle(retired)
             return previous
 

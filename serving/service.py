@@ -1,29 +1,38 @@
-"""The chat-completion service the routes call: validate a request, pick its team, run and record the
-episode, and build the OpenAI-shaped response or stream of chunks (the routes in serving/app.py stay thin
-over it).
+"""The chat-completion service the routes call: validate a request, pick its team, admit it, run and
+record its episodes, and build the OpenAI-shaped response or stream of chunks (the routes in
+serving/app.py stay thin over it).
 
 The user's last message is the task; earlier messages are context, folded into the task text as
-`<role>: <content>` lines (a team sees one task string). Each role samples with the settings it was
-declared with; `max_tokens` / `temperature` are validated but do not override a role's settings.
+`<role>: <content>` lines (a team sees one task string). Sampling fields apply to every role under the
+team's pins (serving/sampling.py); `n` runs n episodes, one choice each; `seed` seeds every episode
+(choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
+client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
+place in the team's queue are released.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.episodes import Conversations, EpisodeResult, EpisodeRunner, ServedTeam, turn_info
 from teamtr.serving.errors import APIError
+from teamtr.serving.limits import AdmissionGate, RateLimiter
+from teamtr.serving.metrics import ServingMetrics
 from teamtr.serving.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     Choice,
+    ChoiceInfo,
     ChunkChoice,
     Delta,
     FeedbackRequest,
@@ -38,10 +47,14 @@ from teamtr.serving.protocol import (
     error_body,
 )
 from teamtr.serving.registry import AdapterRegistry
+from teamtr.serving.sampling import TeamVariants, described, refuse_fully_pinned, request_overrides
 from teamtr.serving.settings import ServeSettings
 from teamtr.serving.tracing import TeamTracer
 
 CONVERSATION_HEADER = "X-Conversation-Id"
+TIMEOUT_HEADER = "X-Request-Timeout"
+T = TypeVar("T")
+Disconnected = Callable[[], Awaitable[None]]  # returns when the client has gone away
 
 
 def task_text(request: ChatCompletionRequest) -> str:
@@ -51,22 +64,42 @@ def task_text(request: ChatCompletionRequest) -> str:
     return "\n".join([*lines, last.text()])
 
 
-def usage_of(trajectory: Trajectory) -> Usage:
-    """Token usage summed over all the episode's turns."""
-    prompt = sum(len(t.prompt_ids) for t in trajectory.turns)
-    completion = sum(len(t.completion_ids) for t in trajectory.turns)
+def usage_of(*trajectories: Trajectory) -> Usage:
+    """Token usage summed over all the turns of the episodes."""
+    turns = [t for trajectory in trajectories for t in trajectory.turns]
+    prompt = sum(len(t.prompt_ids) for t in turns)
+    completion = sum(len(t.completion_ids) for t in turns)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def deadline_error(timeout_s: float) -> APIError:
+    return APIError(
+        408,
+        f"the request's deadline ({timeout_s:g} s) passed before the team answered; its episodes were "
+        "cancelled",
+        "timeout_error",
+        param="timeout",
+        code="deadline_exceeded",
+    )
 
 
 @dataclass
 class Completion:
-    """A validated request, ready to run: its team, task text and ids."""
+    """A validated request, ready to run: its team (and the variant with its sampling), task and ids."""
 
     request: ChatCompletionRequest
     team: ServedTeam
     task: str
     completion_id: str
     conversation_id: str
+    graph: Team | None = None  # the team variant sampling as asked (None: the team as served)
+    sampling: dict[str, SamplingParams] = field(default_factory=dict)
+    n: int = 1
+    timeout_s: float = 600.0
+    arrived: float = field(default_factory=time.monotonic)
+
+    def remaining(self) -> float:
+        return self.timeout_s - (time.monotonic() - self.arrived)
 
 
 class ChatCompletionService:
@@ -81,10 +114,33 @@ class ChatCompletionService:
     ) -> None:
         self.teams, self.registry, self.tracer, self.settings = teams, registry, tracer, settings
         self.runner, self.conversations = runner, conversations
+        self.gates = {
+            name: AdmissionGate(name, settings.policy(name).max_in_flight, settings.policy(name).max_waiting)
+            for name in teams
+        }
+        self.variants = {
+            name: TeamVariants(t.team, settings.policy(name).pinned) for name, t in teams.items()
+        }
+        self.rate = (
+            RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst)
+            if settings.rate_limit_rpm is not None
+            else None
+        )
+        self.metrics = ServingMetrics(self.gates, registry)
 
     # ---- chat completions -----------------------------------------------------------------------
 
-    def prepare(self, request: ChatCompletionRequest, conversation_header: str | None) -> Completion:
+    def check_rate(self, key: str) -> None:
+        """429 when this API key (or client address, on an open server) is over its rate limit."""
+        if self.rate is not None:
+            self.rate.take(key)
+
+    def prepare(
+        self,
+        request: ChatCompletionRequest,
+        conversation_header: str | None,
+        timeout_header: str | None = None,
+    ) -> Completion:
         """Check the request against the served teams and the server's limits (APIError if it fails)."""
         team = self.teams.get(request.model)
         if team is None:
@@ -94,6 +150,16 @@ class ChatCompletionService:
                 param="model",
                 code="model_not_found",
             )
+        if (
+            request.max_tokens is not None
+            and request.max_completion_tokens is not None
+            and request.max_tokens != request.max_completion_tokens
+        ):
+            raise APIError(
+                400,
+                "max_tokens and max_completion_tokens disagree; send one of them",
+                param="max_completion_tokens",
+            )
         cap = request.turn_token_cap()
         if cap is not None and cap > self.settings.max_tokens_limit:
             raise APIError(
@@ -102,6 +168,16 @@ class ChatCompletionService:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+        n = request.n or 1
+        if n > self.settings.max_n:
+            raise APIError(400, f"n = {n} is over this server's limit {self.settings.max_n}", param="n")
+        if n > 1 and request.stream:
+            raise APIError(400, "n > 1 is not supported with stream: true", param="n")
+        self.gates[request.model].check(n)
+        timeout_s = self._timeout(request.timeout, timeout_header)
+        variants = self.variants[request.model]
+        asked = request_overrides(request)
+        refuse_fully_pinned(team.team, variants.pinned, asked)
         task = task_text(request)
         tokenizer = self.registry.engine.tokenizer(team.team.roles[0].base_model)
         n_tokens = len(tokenizer(task, add_special_tokens=False)["input_ids"])
@@ -114,74 +190,172 @@ class ChatCompletionService:
                 code="context_length_exceeded",
             )
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        given = (request.metadata or {}).get("conversation_id") or conversation_header
+        given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
         conversation_id = given[:256] if given else completion_id
-        return Completion(request, team, task, completion_id, conversation_id)
+        return Completion(
+            request,
+            team,
+            task,
+            completion_id,
+            conversation_id,
+            graph=variants.team_for(asked),
+            sampling=variants.sampling_of(asked),
+            n=n,
+            timeout_s=timeout_s,
+        )
 
-    async def complete(self, c: Completion) -> ChatCompletionResponse:
-        result = await self._run(c)
-        t = result.trajectory
+    def _timeout(self, field_value: float | None, header: str | None) -> float:
+        limit = self.settings.request_timeout_s
+        asked, param = field_value, "timeout"
+        if asked is None and header is not None:
+            param = TIMEOUT_HEADER
+            try:
+                asked = float(header)
+            except ValueError:
+                asked = -1.0
+            if not 0 < asked < float("inf"):
+                raise APIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds", param=param)
+        if asked is None:
+            return limit
+        if asked > limit:
+            raise APIError(400, f"{param} {asked:g} s is over this server's limit {limit:g} s", param=param)
+        return asked
+
+    async def _bounded(self, c: Completion, work: Coroutine[Any, Any, T], disconnected: Disconnected) -> T:
+        """Run `work` until it ends, the deadline passes (408) or the client goes away (its task is
+        cancelled either way, and awaited, so what it held is released before this returns)."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({task, gone}, timeout=max(0.0, c.remaining()), return_when="FIRST_COMPLETED")
+        finally:
+            for t in (task, gone):
+                t.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
+        if task.done() and not task.cancelled():
+            return task.result()
+        if gone.done() and not gone.cancelled():
+            raise APIError(499, "the client closed the request", code="client_closed_request")
+        raise deadline_error(c.timeout_s)
+
+    async def admit(self, c: Completion, disconnected: Disconnected) -> None:
+        """Wait for the request's places in its team's queue (429 if full); release with `release`."""
+        await self._bounded(c, self.gates[c.request.model].acquire(c.n), disconnected)
+
+    def release(self, c: Completion) -> None:
+        self.gates[c.request.model].release(c.n)
+
+    async def complete(self, c: Completion, disconnected: Disconnected) -> ChatCompletionResponse:
+        await self.admit(c, disconnected)
+        try:
+            results = await self._bounded(c, self._run_all(c), disconnected)
+        finally:
+            self.release(c)
+        return self._response(c, results)
+
+    async def _run_all(self, c: Completion) -> list[EpisodeResult]:
+        async with asyncio.TaskGroup() as group:  # one episode failing cancels the others
+            tasks = [group.create_task(self._run(c, i)) for i in range(c.n)]
+        return [t.result() for t in tasks]
+
+    def _response(self, c: Completion, results: list[EpisodeResult]) -> ChatCompletionResponse:
+        first = results[0]
+        turns = [[turn_info(i, turn) for i, turn in enumerate(r.trajectory.turns)] for r in results]
         return ChatCompletionResponse(
             id=c.completion_id,
             model=c.request.model,
             choices=[
                 Choice(
-                    message=ResponseMessage(content=t.final_answer or ""), finish_reason=result.finish_reason
+                    index=i,
+                    message=ResponseMessage(content=r.trajectory.final_answer or ""),
+                    finish_reason=r.finish_reason,
                 )
+                for i, r in enumerate(results)
             ],
-            usage=usage_of(t),
+            usage=usage_of(*(r.trajectory for r in results)),
             teamtr=TeamInfo(
                 conversation_id=c.conversation_id,
-                adapter_versions=result.adapter_versions,
-                turns=[turn_info(i, turn) for i, turn in enumerate(t.turns)],
+                adapter_versions=first.adapter_versions,
+                turns=turns[0],
+                sampling=described(c.sampling),
+                choices=[
+                    ChoiceInfo(index=i, adapter_versions=r.adapter_versions, turns=turns[i])
+                    for i, r in enumerate(results)
+                ]
+                if len(results) > 1
+                else None,
             ),
         )
 
     async def stream(self, c: Completion) -> AsyncIterator[str]:
         """Server-sent events: the role chunk, each turn as it ends (if asked), the answer, the finish
-        chunk, usage (if asked), [DONE]. An error after the headers went out is reported in-band."""
+        chunk, usage (if asked), [DONE]. An error after the headers went out is reported in-band.
+        The request's places in the queue (taken by `admit`) are released when the stream ends."""
         options = c.request.stream_options
         turns: asyncio.Queue[TurnInfo] = asyncio.Queue()
         on_turn = turns.put_nowait if options is not None and options.include_turns else None
-        episode = asyncio.create_task(self._run(c, on_turn))
+        episode: asyncio.Task | None = None
 
         def chunk(**kwargs: Any) -> str:
             body = ChatCompletionChunk(id=c.completion_id, model=c.request.model, **kwargs)
             return f"data: {json.dumps(body.model_dump(exclude_none=True))}\n\n"
 
         try:
+            episode = asyncio.create_task(self._run(c, 0, on_turn))
             yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
             while not episode.done() or not turns.empty():
                 getter = asyncio.ensure_future(turns.get())
-                await asyncio.wait({getter, episode}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {getter, episode}, timeout=max(0.0, c.remaining()), return_when=asyncio.FIRST_COMPLETED
+                )
                 if getter.done():
                     yield chunk(choices=[], teamtr_turn=getter.result())
                 else:
                     getter.cancel()
+                    if not episode.done():
+                        raise deadline_error(c.timeout_s)
             result = episode.result()
         except Exception as e:  # headers are gone: report in-band, as OpenAI does, then end the stream
-            yield f"data: {json.dumps(error_body(f'{type(e).__name__}: {e}', 'server_error'))}\n\n"
+            if isinstance(e, APIError):
+                body = error_body(e.message, e.type, e.param, e.code)
+            else:
+                body = error_body(f"{type(e).__name__}: {e}", "server_error")
+            yield f"data: {json.dumps(body)}\n\n"
             yield "data: [DONE]\n\n"
             return
         finally:
-            if not episode.done():  # the client went away: stop the episode
+            if episode is not None and not episode.done():  # the client went away, or the deadline
                 episode.cancel()
+                await asyncio.gather(episode, return_exceptions=True)
+            self.release(c)
+        self.metrics.first_content_seconds.labels(c.request.model).observe(time.monotonic() - c.arrived)
         yield chunk(choices=[ChunkChoice(delta=Delta(content=result.trajectory.final_answer or ""))])
         yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=result.finish_reason)])
         if options is not None and options.include_usage:
             yield chunk(choices=[], usage=usage_of(result.trajectory))
         yield "data: [DONE]\n\n"
 
-    async def _run(self, c: Completion, on_turn: Callable[[TurnInfo], None] | None = None) -> EpisodeResult:
-        return await self.runner.run(
-            c.request.model,
+    async def _run(
+        self, c: Completion, index: int, on_turn: Callable[[TurnInfo], None] | None = None
+    ) -> EpisodeResult:
+        seed = c.request.seed
+        if seed is not None and index > 0:  # choice 0 is the n = 1 answer; the others differ from it
+            seed = derive_seed(seed, index)
+        team = c.request.model
+        result = await self.runner.run(
+            team,
             c.team,
             c.task,
-            seed=c.request.seed,
+            seed=seed,
             completion_id=c.completion_id,
             conversation_id=c.conversation_id,
             on_turn=on_turn,
+            graph=c.graph,
+            observe_turn=self.metrics.turn_observer(team),
         )
+        self.metrics.episode_seconds.labels(team).observe(result.seconds)
+        self.gates[team].observe_episode(result.seconds)
+        return result
 
     # ---- the other chat-API endpoints -------------------------------------------------------------
 

@@ -174,7 +174,7 @@ def _assert_openai_error(r, status, code=None):
         ({"model": "chain", "messages": [{"role": "user", "content": "   "}]}, 400, "messages"),
         ({"model": "chain", "messages": [{"role": "assistant", "content": TASK}]}, 400, "messages"),
         ({"model": "chain", "messages": [{"role": "wizard", "content": TASK}]}, 400, None),
-        ({"model": "chain", "messages": [{"role": "user", "content": TASK}], "n": 2}, 400, "n"),
+        ({"model": "chain", "messages": [{"role": "user", "content": TASK}], "n": 9}, 400, "n"),  # over max_n
         (
             {"model": "chain", "messages": [{"role": "user", "content": TASK}], "temperature": -1},
             400,
