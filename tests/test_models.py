@@ -272,10 +272,10 @@ def _cli():
 
 
 def test_serve_resolves_a_model_that_is_not_under_the_run_directory(tmp_path, tiny_model_dir):
-    from teamtr.cli.serve import ServeConfig, TeamSpec, model_dir
+    from teamtr.cli.serve import ServeConfig, ServedTeamConfig, model_dir
 
     def served(model: str, base_dir: Path) -> Path:
-        return model_dir(ServeConfig(model=model, teams={"t": TeamSpec()}, base_dir=str(base_dir)))
+        return model_dir(ServeConfig(model=model, teams={"t": ServedTeamConfig()}, base_dir=str(base_dir)))
 
     assert served("Qwen/Qwen3-8B", tmp_path) == Path("Qwen/Qwen3-8B")  # not tmp_path/Qwen/Qwen3-8B
     assert served(tiny_model_dir.name, tiny_model_dir.parent) == tiny_model_dir  # relative: under the run

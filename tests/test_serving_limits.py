@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import ServeConfig, TeamSpec
+from teamtr.cli.serve import ServeConfig, ServedTeamConfig
 from teamtr.serving.embedded import EmbeddedEngine
 
 TASK = "12+7+30+5"
@@ -52,7 +52,7 @@ def run_dir(tiny_model_dir, tmp_path_factory):
 def served(tiny_model_dir, run_dir):
     config = ServeConfig(
         model=str(tiny_model_dir),
-        teams={"chain": TeamSpec(run_dir=str(run_dir), max_in_flight=1, max_waiting=1)},
+        teams={"chain": ServedTeamConfig(run_dir=str(run_dir), max_in_flight=1, max_waiting=1)},
         api_keys=KEYS,
         admin_key="admin",
         rate_limit_rpm=60,
@@ -262,7 +262,7 @@ def test_metrics_after_some_requests(served, tiny_model_dir, tmp_path):
 def _serving_then_stopped(tiny_model_dir, run_dir, drain_timeout_s: float, pause_s: float):
     config = ServeConfig(
         model=str(tiny_model_dir),
-        teams={"chain": TeamSpec(run_dir=str(run_dir))},
+        teams={"chain": ServedTeamConfig(run_dir=str(run_dir))},
         drain_timeout_s=drain_timeout_s,
         tracing={"sqlite_path": None},
     )

@@ -9,7 +9,7 @@ import openai
 import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.serve import ServeConfig, TeamSpec
+from teamtr.cli.serve import ServeConfig, ServedTeamConfig
 
 TASK = "12+7+30+5"
 PINS = {
@@ -24,7 +24,7 @@ def served(tiny_model_dir, tmp_path_factory):
     run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=1)
     config = ServeConfig(
         model=str(tiny_model_dir),
-        teams={"chain": TeamSpec(run_dir=str(run)), "pinned": TeamSpec(run_dir=str(run), pinned=PINS)},
+        teams={"chain": ServedTeamConfig(run_dir=str(run)), "pinned": ServedTeamConfig(run_dir=str(run), pinned=PINS)},
         tracing={"sqlite_path": None},
     )
     with serve_in_background(config) as server:
