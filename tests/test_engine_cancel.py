@@ -1,0 +1,163 @@
+"""A caller that goes away frees its decoding row (issue 16, item 3): the real embedded engine drops a
+cancelled call before its batch forms, and a row cancelled mid-decode leaves the batch at the next step,
+while the other rows decode exactly as they would have (docs/serving.md, "Limits")."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from teamtr.graphs.engine import Generation, SamplingParams
+from teamtr.serving.embedded import EmbeddedEngine
+
+PROMPTS = ["1+2+3=", "4+5=", "6+7+8+9=", "2+2="]
+ADAPTERS = ["solver", "critic", None, "solver"]  # mixed: the per-row adapter names are narrowed too
+CANCELLED_ROW = 2
+LONG, SHORT = 40, 12  # the cancelled row asks for the most tokens: it alone would hold the batch open
+
+
+@pytest.fixture
+def engine(tiny_model_dir) -> EmbeddedEngine:
+    eng = EmbeddedEngine(tiny_model_dir, adapters={"solver": None, "critic": None}, threads=1)
+    torch.manual_seed(3)
+    with torch.no_grad():  # adapters that differ from the base and from each other
+        for name in ("solver", "critic"):
+            for k, p in eng.adapter_parameters(name).items():
+                if "lora_B" in k:
+                    p.normal_(0, 0.3)
+    return eng
+
+
+def sampling(row: int) -> SamplingParams:
+    # no stop strings; the random model samples its EOS now and then, so rows may end early
+    tokens = LONG if row == CANCELLED_ROW else SHORT
+    return SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=tokens, seed=100 + row)
+
+
+def start(engine: EmbeddedEngine, rows: list[int]) -> dict[int, asyncio.Task]:
+    tok = engine.tokenizer()
+    return {
+        i: asyncio.create_task(
+            engine.generate(tok(PROMPTS[i])["input_ids"], adapter=ADAPTERS[i], sampling=sampling(i))
+        )
+        for i in rows
+    }
+
+
+def run(engine: EmbeddedEngine, rows: list[int]) -> tuple[dict[int, Generation], list[int]]:
+    """Decode `rows` as one batch, nothing cancelled: each row's generation and the rows per step."""
+    steps: list[int] = []
+    engine.step_listener = steps.append
+
+    async def go() -> dict[int, Generation]:
+        tasks = start(engine, rows)
+        return {i: await t for i, t in tasks.items()}
+
+    return asyncio.run(go()), steps
+
+
+def same(a: Generation, b: Generation) -> bool:
+    return a.completion_ids == b.completion_ids and a.logprobs == b.logprobs and a.finish_reason == b.finish_reason
+
+
+def same_tokens(a: Generation, b: Generation) -> bool:
+    """The same tokens, log-probs equal but for float32's last bits: a batch of 3 rows computes each row's
+    logits with slightly different rounding than a batch of 4 (so do the two uncancelled runs below)."""
+    gap = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True))
+    return a.completion_ids == b.completion_ids and a.finish_reason == b.finish_reason and gap < 1e-5
+
+
+def test_a_row_cancelled_mid_decode_leaves_the_batch_at_the_next_step(engine):
+    everyone, full_steps = run(engine, [0, 1, 2, 3])
+    longest = len(everyone[CANCELLED_ROW].completion_ids)
+    others = max(len(everyone[i].completion_ids) for i in (0, 1, 3))
+    assert longest > others, "these seeds make the cancelled row the one that holds the batch open"
+    assert full_steps == [4] * longest  # finished rows stay in the batch until it ends
+    without, _ = run(engine, [0, 1, 3])
+
+    cancel_after = 5
+    steps: list[int] = []
+    tasks: dict[int, asyncio.Task] = {}
+
+    def listener(rows: int) -> None:
+        steps.append(rows)
+        if len(steps) == cancel_after:  # the caller goes away while its row is being decoded
+            tasks[CANCELLED_ROW].cancel()
+
+    async def go() -> dict[int, Generation]:
+        tasks.update(start(engine, [0, 1, 2, 3]))
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[CANCELLED_ROW]
+        return {i: await tasks[i] for i in (0, 1, 3)}
+
+    engine.step_listener = listener
+    rows_before, cancelled_before = engine.decoded_rows, engine.cancelled_calls
+    outputs = asyncio.run(go())
+    # its row is gone from the very next forward pass, and the batch ends with the others
+    assert steps == [4] * cancel_after + [3] * (others - cancel_after)
+    assert engine.decoded_rows - rows_before == sum(steps) < sum(full_steps)
+    assert engine.cancelled_calls - cancelled_before == 1
+    for i in (0, 1, 3):  # the others sample what they sample with it, and without it
+        assert same_tokens(outputs[i], everyone[i])
+        assert same_tokens(outputs[i], without[i])
+
+
+def test_a_call_cancelled_while_queued_is_never_decoded(engine):
+    without, without_steps = run(engine, [0, 1, 3])
+    steps: list[int] = []
+    engine.step_listener = steps.append
+
+    async def go() -> dict[int, Generation]:
+        tasks = start(engine, [0, 1, 2, 3])
+        await asyncio.sleep(0)  # every call is queued; the batch forms once the loop is quiet
+        assert len(engine._pending["base"]) == 4
+        tasks[CANCELLED_ROW].cancel()
+        return {i: await tasks[i] for i in (0, 1, 3)}
+
+    cancelled_before = engine.cancelled_calls
+    outputs = asyncio.run(go())
+    assert steps == without_steps == [3] * max(len(g.completion_ids) for g in without.values())
+    assert engine.cancelled_calls - cancelled_before == 1
+    assert all(same(outputs[i], without[i]) for i in outputs)  # bit for bit: the batch never held it
+
+
+def test_cancelling_while_decoding_in_a_thread(tiny_model_dir):
+    """Serving's mode: the loop stays free while a worker thread decodes, and a cancellation made on the
+    loop between two steps takes the row out at the next one."""
+    engine = EmbeddedEngine(tiny_model_dir, threads=1, decode_in_thread=True)
+    tok = engine.tokenizer()
+    cancel_after, steps = 3, []
+    cancelled = threading.Event()
+
+    async def go() -> tuple[Generation, Generation]:
+        loop = asyncio.get_running_loop()
+        prompt = tok(PROMPTS[0])["input_ids"]
+        stays = asyncio.create_task(engine.generate(prompt, adapter=None, sampling=sampling(0)))
+        goes = asyncio.create_task(engine.generate(prompt, adapter=None, sampling=sampling(CANCELLED_ROW)))
+
+        def cancel() -> None:
+            goes.cancel()
+            cancelled.set()
+
+        def listener(rows: int) -> None:  # runs in the decoding thread
+            steps.append(rows)
+            if len(steps) == cancel_after:
+                loop.call_soon_threadsafe(cancel)
+                assert cancelled.wait(10)
+
+        engine.step_listener = listener
+        with pytest.raises(asyncio.CancelledError):
+            await goes
+        alone = await stays
+        engine.step_listener = None
+        solo = await engine.generate(prompt, adapter=None, sampling=sampling(0))
+        return alone, solo
+
+    alone, solo = asyncio.run(go())
+    assert len(alone.completion_ids) > cancel_after, "these seeds keep the row going past the cancellation"
+    assert steps == [2] * cancel_after + [1] * (len(alone.completion_ids) - cancel_after)
+    assert engine.cancelled_calls == 1
+    assert same_tokens(alone, solo)  # what the same seed decodes on its own
