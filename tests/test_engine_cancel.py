@@ -5,13 +5,20 @@ while the other rows decode exactly as they would have (docs/serving.md, "Limits
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+import time
 
+import httpx
 import pytest
 import torch
 
 from teamtr.graphs.engine import Generation, SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.vllm_http import VLLMClient
+from teamtr.serving.vllm_server import VLLMServer
+
+pytest_plugins = ["vllm_fixtures"]  # the last test's real vLLM server (started only if that test runs)
 
 PROMPTS = ["1+2+3=", "4+5=", "6+7+8+9=", "2+2="]
 ADAPTERS = ["solver", "critic", None, "solver"]  # mixed: the per-row adapter names are narrowed too
@@ -161,3 +168,57 @@ def test_cancelling_while_decoding_in_a_thread(tiny_model_dir):
     assert steps == [2] * cancel_after + [1] * (len(alone.completion_ids) - cancel_after)
     assert engine.cancelled_calls == 1
     assert same_tokens(alone, solo)  # what the same seed decodes on its own
+
+
+def vllm_metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a vLLM Prometheus metric's samples that carry these labels."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        match = re.fullmatch(rf"{re.escape(name)}(?:{{(.*)}})? (\S+)", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+async def wait_for(condition, timeout_s: float) -> float:
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, "timed out"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_vllm_aborts_the_request_of_a_cancelled_call(vllm_server: VLLMServer) -> None:
+    """Cancelling the engine's HTTP call (what the API does when a client disconnects) closes its
+    connection, and vLLM aborts the request in its engine core: it stops running long before the
+    generation it asked for would have ended, and vLLM counts it as aborted."""
+    url = vllm_server.url
+    running = lambda: vllm_metric(url, "vllm:num_requests_running")  # noqa: E731
+    aborted_before = vllm_metric(url, "vllm:request_success_total", finished_reason="abort")
+    tokens_before = vllm_metric(url, "vllm:generation_tokens_total")
+    payload = {  # as VLLMEngine.generate sends it, plus ignore_eos: the random model must not stop early
+        "model": vllm_server.served_model_name,
+        "prompt": [5, 6, 7, 8],
+        "max_tokens": 480,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "seed": 1,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
+    client = VLLMClient(max_concurrency=4, timeout_s=300)
+    call = asyncio.create_task(client.post(url, "/v1/completions", payload))
+    await wait_for(lambda: running() >= 1, timeout_s=60)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await wait_for(lambda: running() == 0, timeout_s=10)
+    await wait_for(
+        lambda: vllm_metric(url, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1,
+        timeout_s=10,
+    )
+    assert vllm_metric(url, "vllm:generation_tokens_total") - tokens_before < payload["max_tokens"]
+    await client.aclose()
+    client.close()
