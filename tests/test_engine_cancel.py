@@ -12,7 +12,9 @@ import time
 import httpx
 import pytest
 import torch
+from serving_fixtures import make_run_dir, serve_in_background
 
+from teamtr.cli.serve import ServeConfig, ServedTeamConfig
 from teamtr.graphs.engine import Generation, SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.vllm_http import VLLMClient
@@ -168,6 +170,47 @@ def test_cancelling_while_decoding_in_a_thread(tiny_model_dir):
     assert steps == [2] * cancel_after + [1] * (len(alone.completion_ids) - cancel_after)
     assert engine.cancelled_calls == 1
     assert same_tokens(alone, solo)  # what the same seed decodes on its own
+
+
+def test_a_client_that_disconnects_frees_its_row_through_the_api(tiny_model_dir, tmp_path):
+    """The whole path: the client closes its connection, the server cancels the episode, the engine takes
+    the row out at its next decoding step and decodes nothing more for it."""
+    run_dir = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    config = ServeConfig(
+        model=str(tiny_model_dir),
+        teams={"chain": ServedTeamConfig(run_dir=str(run_dir))},
+        tracing={"sqlite_path": None},
+    )
+    engine = EmbeddedEngine(str(tiny_model_dir), threads=1, decode_in_thread=True)
+    steps: list[int] = []
+    step_s = 0.0
+
+    def listener(rows: int) -> None:  # in the decoding thread: slows decoding down so the client can go
+        steps.append(rows)
+        time.sleep(step_s)
+
+    engine.step_listener = listener
+    body = {"model": "chain", "messages": [{"role": "user", "content": "12+7+30+5"}]}
+    with serve_in_background(config, engine=engine) as served:
+        url = served.url + "/v1/chat/completions"
+        assert httpx.post(url, json=body, timeout=60).status_code == 200
+        whole_episode = len(steps)  # forward passes of the three turns, greedy: the same every time
+        steps.clear()
+        step_s = 0.2
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json=body, timeout=0.5)  # gives up during the first turn, closing the connection
+        gone_at = len(steps)
+        deadline = time.monotonic() + 10
+        while engine.cancelled_calls == 0:
+            assert time.monotonic() < deadline, "the engine never saw the cancellation"
+            time.sleep(0.05)
+        assert whole_episode > gone_at + 2, "the episode is long enough to tell stopping from finishing"
+        assert len(steps) <= gone_at + 2  # the step in flight, at most one more (the disconnect's latency)
+        settled = len(steps)
+        time.sleep(1.0)
+        assert len(steps) == settled  # nothing more is decoded for it: no later turn either
+        assert engine.cancelled_calls == 1
+        assert httpx.get(served.url + "/health").json()["in_flight"] == 0
 
 
 def vllm_metric(url: str, name: str, **labels: str) -> float:
