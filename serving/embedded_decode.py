@@ -5,7 +5,8 @@ adapter, sampling settings, stop strings and seeded generator (serving/embedded_
 A row whose caller has gone (its future cancelled: a client disconnected, a deadline passed) leaves the
 batch at the next decoding step: its KV-cache row, adapter slot and generator are dropped, it is no
 longer computed or sampled, and it no longer holds the batch open. A batch without cancellations decodes
-exactly as it always has; the other rows keep their own seeded generators, so their tokens do not change.
+exactly as it always has. The other rows of a batch that loses one keep their seeded generators and
+sample the same tokens; their log-probs can move in float32's last bits, as between any two batch sizes.
 """
 
 from __future__ import annotations
