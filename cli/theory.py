@@ -45,7 +45,9 @@ def scaling(
     ),
     rounds: int = typer.Option(2, "--rounds", min=1, help="Turns per agent per episode (T = rounds * n)."),
     family: str = typer.Option(
-        "chain", "--family", help="chain (a dominant best message per turn) or convention (it depends on the team)."
+        "chain",
+        "--family",
+        help="chain (a dominant best message per turn) or convention (depends on the team).",
     ),
     out: Path = typer.Option(Path("runs/theory/scaling.png"), "--out", help="Where to write the figure."),
 ) -> None:

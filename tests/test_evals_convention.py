@@ -14,7 +14,10 @@ from teamtr.training.warmstart.teams import ConventionTeam, warm_team
 
 def instance(ops: list[int], reversed_digits: bool = False) -> TaskInstance:
     return TaskInstance(
-        id="t", prompt="+".join(map(str, ops)), answer=sum(ops), meta={"operands": ops, "reversed": reversed_digits}
+        id="t",
+        prompt="+".join(map(str, ops)),
+        answer=sum(ops),
+        meta={"operands": ops, "reversed": reversed_digits},
     )
 
 

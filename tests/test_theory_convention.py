@@ -57,9 +57,7 @@ def test_contexts_sharing_an_observation_must_share_a_speaker() -> None:
     good = convention_instance(2, rounds=1, conventions=2, legibility=0.5)
     router = [good.router[0], np.array([1, 1, 0, 1])]  # an unreadable context given to another role
     with pytest.raises(ValueError, match="different speakers"):
-        TeamInstance(
-            2, 2, good.initial, good.transitions, router, good.reward, observation=good.observation
-        )
+        TeamInstance(2, 2, good.initial, good.transitions, router, good.reward, observation=good.observation)
 
 
 @pytest.mark.parametrize("kind", ["teamtr", "naive", "joint", "importance_weighting"])
@@ -96,3 +94,21 @@ def test_teamtr_beats_naive_on_convention_teams_where_chain_teams_show_no_gap() 
     chain = mean_return_gap("chain", 4, range(3), delta=0.05)
     assert convention > 0.05
     assert convention > chain + 0.05
+
+
+def test_scaling_command_runs_the_convention_family(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from teamtr.cli.theory import app
+
+    args = ["scaling", "--family", "convention", "--agents", "2,4", "--seeds", "2", "--delta", "0.05"]
+    result = CliRunner().invoke(app, [*args, "--json", "--out", str(tmp_path / "s.png")])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["config"]["family"] == "convention"
+    assert [row["n"] for row in out["table"]] == [2, 4]
+    assert out["table"][1]["return_gap"]["mean"] > 0 and out["table"][1]["return_gap"]["seeds"] == 2
+    bad = CliRunner().invoke(app, ["scaling", "--family", "nope", "--out", str(tmp_path / "t.png")])
+    assert bad.exit_code != 0

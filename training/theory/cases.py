@@ -42,7 +42,7 @@ def random_case(
     n = int(rng.integers(1, max_agents + 1))
     gamma = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
     family = rng.uniform()
-    if family < 0.1:  # partly readable contexts: roles share one policy over the contexts they cannot tell apart
+    if family < 0.1:  # partly readable contexts: one policy over the contexts a role cannot tell apart
         instance = convention_instance(
             n,
             rounds=int(rng.integers(1, 3)),

@@ -75,7 +75,9 @@ class TeamInstance:
                     raise ValueError(f"layer {t}: observation must give one id per context")
                 for o in np.unique(obs):
                     if len(np.unique(route[obs == o])) != 1:
-                        raise ValueError(f"layer {t}: contexts sharing observation {o} have different speakers")
+                        raise ValueError(
+                            f"layer {t}: contexts sharing observation {o} have different speakers"
+                        )
 
     @property
     def horizon(self) -> int:
@@ -89,7 +91,9 @@ class TeamInstance:
         """Per layer, the contexts where `agent` speaks (its states S_j)."""
         return [route == agent for route in self.router]
 
-    def shared_advantages(self, occupancy: list[np.ndarray], advantages: list[np.ndarray]) -> list[np.ndarray]:
+    def shared_advantages(
+        self, occupancy: list[np.ndarray], advantages: list[np.ndarray]
+    ) -> list[np.ndarray]:
         """The advantages an update can act on when contexts sharing an observation share one policy:
         per observation, the occupancy-weighted mean of A over its contexts (the plain mean where the
         occupancy is zero). With tied logits, pi_new ∝ pi_cur exp(eta * mean A) keeps them tied, and its
@@ -212,7 +216,6 @@ def chain_warm_logits(
     return logits
 
 
-
 def convention_instance(
     n_agents: int,
     rng: np.random.Generator | None = None,
@@ -261,7 +264,15 @@ def convention_instance(
     reward = np.zeros(2 * C)
     reward[[0, C]] = 1.0
     return TeamInstance(
-        n_agents, C, np.ones(1), transitions, router, reward, gamma, name="convention", observation=observation
+        n_agents,
+        C,
+        np.ones(1),
+        transitions,
+        router,
+        reward,
+        gamma,
+        name="convention",
+        observation=observation,
     )
 
 

@@ -9,7 +9,7 @@ Measured exactly, per stage, then averaged over the stages:
                          optimised promised vs what the update really did (joint: |sum_i L_i - dJ_stage|)
   occupancy divergence   sum_i ||rho_j^(pi^i) - rho_j^(data_i)||_1: the contexts agent j acts on after its
                          update vs the contexts it was trained on (rho_j = its d-weighted context distribution)
-  return                 J after the last stage
+  return                 J after the last stage; per n also TeamTR's minus naive's, paired by seed
   left region            stability: fraction of updates whose exact KL on the contexts the agent really
                          acts on (pi^(i-1)'s) exceeds delta; and the largest such KL / delta
 
@@ -134,6 +134,16 @@ def run_one(
     return metrics, stages
 
 
+def paired_return_gap(runs: list[RunMetrics], n: int) -> dict[str, Any]:
+    """TeamTR's final return minus naive's at team size n, paired by seed (same team, same warm start):
+    mean, 95% normal half-width, and how many seeds TeamTR is ahead in (by more than 1e-4)."""
+    naive = {r.seed: r.return_final for r in runs if r.n == n and r.schedule == "naive"}
+    diffs = np.array([r.return_final - naive[r.seed] for r in runs if r.n == n and r.schedule == "teamtr"])
+    half = float(1.96 * diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else math.nan
+    ahead = int((diffs > 1e-4).sum())
+    return {"mean": float(diffs.mean()), "ci95_half": half, "ahead": ahead, "seeds": len(diffs)}
+
+
 def fit_exponent(ns: list[float], values: list[float]) -> dict[str, Any]:
     """log-log least squares with a 95% confidence interval on the slope."""
     x, y = np.log(np.asarray(ns, float)), np.log(np.maximum(np.asarray(values, float), 1e-300))
@@ -167,6 +177,7 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] | None = Non
             for key in ("stale_gap", "occupancy_divergence", "return_final", "left_region", "max_kl_ratio"):
                 row[f"{key}_{schedule}"] = float(np.mean([getattr(r, key) for r in mine]))
             row["return_initial"] = float(np.mean([r.return_initial for r in mine]))
+        row["return_gap"] = paired_return_gap(runs, n)
         table.append(row)
 
     alphas: dict[str, dict[str, Any]] = {}
