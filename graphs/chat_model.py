@@ -3,8 +3,12 @@
 Each call renders the messages with the tokenizer's chat template, samples from the engine with the
 role's adapter, and returns an AIMessage whose `response_metadata["teamtr"]` holds the prompt token ids,
 completion token ids, behaviour log-probs and adapter version: the turn exactly as it was sampled.
-`turn_from_reply` turns such a reply back into a `Turn` (the team's rollouts and serving's turn spans
-both read replies through it).
+`turn_from_reply` turns such a reply back into a `Turn` (episode capture, graphs/capture.py, and
+serving's turn spans both read replies through it).
+
+Inside a captured episode (graphs/capture.py `EpisodeCapture` among the call's callback handlers) the
+model samples with the episode's pinned adapter version for its role and with the episode's per-call
+seed, so the graph code itself passes nothing.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ METADATA_KEY = "teamtr"
 class EngineChatModel(BaseChatModel):
     """`BaseChatModel` backed by an `Engine` (embedded or vLLM) and one LoRA adapter.
 
+    `role` names the role it speaks for (graphs/role_models.py `RoleModels.model` sets it); without it
+    the role comes from the call's `teamtr_role` metadata (graphs/team.py sets that).
     Per call, `engine_adapter=` overrides the adapter (serving pins a version this way, e.g.
-    `solver@v4`) and `adapter_version=` the version recorded for it.
+    `solver@v4`) and `adapter_version=` the version recorded for it; a captured episode's
+    `adapter_pins` do the same for the role without any keyword.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -39,6 +46,7 @@ class EngineChatModel(BaseChatModel):
     adapter: str | None = None
     base_model: str = DEFAULT_BASE
     sampling: SamplingParams = SamplingParams()
+    role: str | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -46,7 +54,7 @@ class EngineChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"adapter": self.adapter, "base_model": self.base_model}
+        return {"role": self.role, "adapter": self.adapter, "base_model": self.base_model}
 
     def _generate(
         self,
@@ -69,6 +77,16 @@ class EngineChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         engine: Engine = self.engine
+        role = self.role or (run_manager.metadata.get("teamtr_role") if run_manager is not None else None)
+        episode = episode_of(run_manager)
+        if episode is not None and "engine_adapter" not in kwargs:
+            pin = episode.pin(role)
+            if pin is not None:  # this episode keeps the adapter version it started with
+                kwargs.update(engine_adapter=pin[0], adapter_version=pin[1], adapter_label=self.adapter)
+        if episode is not None and "seed" not in kwargs and run_manager is not None:
+            seed = episode.call_seed(run_manager.run_id)
+            if seed is not None:
+                kwargs["seed"] = seed
         adapter = kwargs.get("engine_adapter", self.adapter)
         sampling = self.sampling
         if stop:
@@ -84,6 +102,7 @@ class EngineChatModel(BaseChatModel):
                 "finish_reason": gen.finish_reason,
                 "model_name": adapter or self.base_model,
                 METADATA_KEY: {
+                    "role": role,
                     "adapter": kwargs.get("adapter_label", adapter),
                     "adapter_version": version,
                     "base_model": self.base_model,
@@ -102,13 +121,28 @@ class EngineChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
+def episode_of(run_manager: Any) -> Any | None:
+    """The episode capture (graphs/capture.py `EpisodeCapture`) among a call's callback handlers, if any.
+
+    Found by a marker attribute, not by class, because graphs/capture.py imports this module."""
+    for handler in getattr(run_manager, "handlers", None) or ():
+        if getattr(handler, "is_teamtr_episode", False):
+            return handler
+    return None
+
+
 def is_engine_reply(reply: BaseMessage) -> bool:
     """Whether the reply came from an `EngineChatModel`, i.e. carries the turn's tokens and log-probs."""
     return METADATA_KEY in reply.response_metadata
 
 
 def turn_from_reply(
-    reply: BaseMessage, role: str, adapter: str | None = None, base_model: str = DEFAULT_BASE
+    reply: BaseMessage,
+    role: str,
+    adapter: str | None = None,
+    base_model: str = DEFAULT_BASE,
+    node: str | None = None,
+    step: int | None = None,
 ) -> Turn:
     """The `Turn` of one role's reply.
 
@@ -126,6 +160,8 @@ def turn_from_reply(
             logprobs=[],
             text=str(reply.content),
             base_model=base_model,
+            node=node,
+            step=step,
         )
     return Turn(
         role=role,
@@ -136,6 +172,8 @@ def turn_from_reply(
         logprobs=list(meta["logprobs"]),
         text=meta["text"],
         base_model=meta["base_model"],
+        node=node,
+        step=step,
     )
 
 

@@ -26,6 +26,8 @@ class Turn:
     logprobs: list[float]  # behaviour log pi_j(x_u | s, x_<u) for each completion token
     text: str  # decoded message text
     base_model: str = "base"  # key of the base model in the engine (heterogeneous teams)
+    node: str | None = None  # LangGraph node that made the call ("sub/inner" inside a subgraph)
+    step: int | None = None  # LangGraph superstep of that node (the subgraph's own step inside one)
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logprobs):
@@ -38,6 +40,11 @@ class Turn:
     def logprob_sum(self) -> float:
         """log pi_j(m|s) = sum_u log pi_j(x_u | s, x_<u)."""
         return float(sum(self.logprobs))
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the turn carries sampled tokens (a foreign chat model's turn is text only)."""
+        return bool(self.completion_ids)
 
 
 @dataclass
