@@ -66,7 +66,8 @@ class EngineChatModel(BaseChatModel):
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._agenerate(messages, stop=stop, **kwargs))
+            # the sync run manager has what _agenerate reads of it (handlers, metadata, run_id)
+            return asyncio.run(self._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs))  # type: ignore[arg-type]
         raise RuntimeError("EngineChatModel.invoke inside a running event loop: use `await ainvoke`")
 
     async def _agenerate(

@@ -293,8 +293,13 @@ async def test_foreign_chat_model_call_is_a_text_turn_with_a_warning(engine, ser
     g.add_edge(START, "draft")
     g.add_edge("draft", "criticise")
     g.add_edge("criticise", END)
-    with pytest.warns(ForeignModelWarning, match=r"ChatOpenAI called in node 'criticise' \(role 'critic'\)"):
-        traj = await run_episode(g.compile(), "3+4", seed=0)
+    try:
+        with pytest.warns(
+            ForeignModelWarning, match=r"ChatOpenAI called in node 'criticise' \(role 'critic'\)"
+        ):
+            traj = await run_episode(g.compile(), "3+4", seed=0)
+    finally:
+        await critic.root_async_client.close()
     engine_turn, foreign = traj.turns
     assert engine_turn.role == "planner" and engine_turn.completion_ids
     assert (foreign.role, foreign.adapter, foreign.adapter_version, foreign.node) == (
