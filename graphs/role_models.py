@@ -31,6 +31,16 @@ def role_metadata(role: Role) -> dict[str, Any]:
     return {"teamtr_role": role.name, "teamtr_adapter": role.adapter, "teamtr_base_model": role.base_model}
 
 
+def _tagged(model: BaseChatModel | Runnable, role: Role) -> BaseChatModel | Runnable:
+    """The model, telling capture which role it speaks for.
+
+    An EngineChatModel carries its role itself (no wrapper: it stays a plain BaseChatModel); any other
+    model is bound once to the role's metadata, which LangChain merges into every call's."""
+    if isinstance(model, EngineChatModel):
+        return model if model.role == role.name else model.model_copy(update={"role": role.name})
+    return model.with_config(metadata=role_metadata(role))
+
+
 class RoleModels:
     """One chat model per role: engine-backed by default, or the model given for that role in `models`.
 
@@ -69,8 +79,7 @@ class RoleModels:
         missing = [n for n in names if n not in self._raw]
         if missing:
             raise ValueError(f"no engine and no chat model for roles {missing}")
-        # bound once: with_config merges this metadata into every call's, LangGraph's included
-        self._bound = {r.name: self._raw[r.name].with_config(metadata=role_metadata(r)) for r in self.roles}
+        self._bound = {r.name: _tagged(self._raw[r.name], r) for r in self.roles}
 
     @property
     def names(self) -> list[str]:
@@ -82,7 +91,7 @@ class RoleModels:
                 return r
         raise UnknownRoleError(f"no role {name!r}; roles are {self.names}")
 
-    def model(self, name: str) -> Runnable:
+    def model(self, name: str) -> BaseChatModel | Runnable:
         """The chat model role `name` speaks with, tagged with its role for capture."""
         try:
             return self._bound[name]
