@@ -10,6 +10,9 @@ order the calls started:
   sampled, their behaviour log-probs, role, adapter, adapter version and base, exactly as sampled;
 - any other chat model's call (e.g. `ChatOpenAI`): its text only, with a `ForeignModelWarning`.
 
+A node that passes callbacks of its own to a call replaces the inherited ones; an `EngineChatModel` then
+reports the call to the episode itself (through a context variable `run_episode` sets), so its turn is
+still recorded; a foreign model's call made that way is out of the capture's sight.
 Every turn also records the LangGraph node that made it ("outer/inner" inside a subgraph) and its step.
 The capture is also where an `EngineChatModel` finds the episode's pinned adapter versions
 (`adapter_pins`, role -> (engine adapter, version)) and its per-call seeds (`derive_seed(seed, k)` for
@@ -38,7 +41,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 from langgraph.errors import GraphRecursionError
 
-from teamtr.graphs.chat_model import METADATA_KEY, turn_from_reply
+from teamtr.graphs.chat_model import METADATA_KEY, active_episode, turn_from_reply
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory, Turn
@@ -280,6 +283,7 @@ async def run_episode(
     if recursion_limit is not None:
         cfg.setdefault("recursion_limit", recursion_limit)
     capture = EpisodeCapture(seed=seed, adapter_pins=pins)
+    token = active_episode.set(capture)
     try:
         state = await graph.ainvoke(make_input(instance), config=_with_capture(cfg, capture))
     except GraphRecursionError as e:
@@ -289,6 +293,8 @@ async def run_episode(
             f"after {capture.calls_started} LLM calls, the last in node {capture.last_node()!r}; a loop that "
             "never ends? Add a turn guard to its conditional edge or raise recursion_limit"
         ) from e
+    finally:
+        active_episode.reset(token)
     final = read_output(state)
     return Trajectory(
         task_id=instance.id,

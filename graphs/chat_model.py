@@ -14,13 +14,14 @@ seed, so the graph code itself passes nothing.
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
 from pydantic import ConfigDict
 
 from teamtr.graphs.chat_format import render_prompt_ids
@@ -28,6 +29,9 @@ from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
 from teamtr.graphs.trajectory import Turn
 
 METADATA_KEY = "teamtr"
+# The episode being captured in this context (graphs/capture.py `run_episode` sets it): how a call whose
+# node passed callbacks of its own, which replace the inherited ones, still reaches its episode.
+active_episode: ContextVar[Any] = ContextVar("teamtr_active_episode", default=None)
 
 
 class EngineChatModel(BaseChatModel):
@@ -80,6 +84,12 @@ class EngineChatModel(BaseChatModel):
         engine: Engine = self.engine
         role = self.role or (run_manager.metadata.get("teamtr_role") if run_manager is not None else None)
         episode = episode_of(run_manager)
+        stray = episode is None and run_manager is not None and active_episode.get() is not None
+        if stray:  # the capture never heard of this call: report its start and end to it ourselves
+            episode = active_episode.get()
+            episode.on_chat_model_start(
+                None, [messages], run_id=run_manager.run_id, metadata=run_manager.metadata
+            )
         if episode is not None and "engine_adapter" not in kwargs:
             pin = episode.pin(role)
             if pin is not None:  # this episode keeps the adapter version it started with
@@ -119,7 +129,10 @@ class EngineChatModel(BaseChatModel):
                 "total_tokens": len(gen.prompt_ids) + len(gen.completion_ids),
             },
         )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        result = ChatResult(generations=[ChatGeneration(message=message)])
+        if stray:
+            episode.on_llm_end(LLMResult(generations=[result.generations]), run_id=run_manager.run_id)
+        return result
 
 
 def episode_of(run_manager: Any) -> Any | None:

@@ -256,6 +256,50 @@ def test_seeded_invocations_reproduce_and_pins_hold(engine):
     assert engine.records[-1][1] == "right"
 
 
+def test_a_call_with_its_own_callbacks_still_reaches_its_episode(engine):
+    """Callbacks passed to a call replace the inherited ones (the capture's among them); the engine model
+    reports such a call to its episode itself."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Counter(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.ends = 0
+
+        def on_llm_end(self, response, **kwargs) -> None:
+            self.ends += 1
+
+    counter = Counter()
+    team = RoleModels(engine, roles())
+
+    async def act(state):
+        first = await team.model("planner").ainvoke(state["messages"], config={"callbacks": [counter]})
+        second = await team.model("merger").ainvoke([*state["messages"], first])
+        return {"messages": [first, second]}
+
+    graph = GraphTeam(one_node_graph(act))
+    engine.records.clear()
+
+    async def episode(i: int):
+        EPISODE.set(i)
+        return await graph.arun(tasks(8)[i], seed=i)
+
+    async def all_episodes():
+        return await asyncio.gather(*(episode(i) for i in range(8)))
+
+    trajectories = asyncio.run(all_episodes())
+    assert counter.ends == 8  # the node's own handler saw its calls
+    for i, traj in enumerate(trajectories):
+        sampled = [g for ep, _, g in engine.records if ep == i]
+        assert [(t.role, t.node) for t in traj.turns] == [("planner", "act"), ("merger", "act")]
+        assert [(t.prompt_ids, t.completion_ids, t.logprobs) for t in traj.turns] == [
+            (g.prompt_ids, g.completion_ids, g.logprobs) for g in sampled
+        ]
+    again = asyncio.run(all_episodes())  # and the episode's seeds reached it too
+    assert [t.completion_ids for tr in again for t in tr.turns] == [
+        t.completion_ids for tr in trajectories for t in tr.turns
+    ]
+
+
 # ---- (b) a chat model that is not teamtr's ------------------------------------------------------------
 
 
