@@ -110,7 +110,9 @@ class EpisodeCapture(BaseCallbackHandler):
     run_inline = True
     raise_error = True  # a bug here must not drop turns silently
 
-    def __init__(self, seed: int | None = None, adapter_pins: Mapping[str, tuple[str, int]] | None = None):
+    def __init__(
+        self, seed: int | None = None, adapter_pins: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
         self.seed = seed
         self.adapter_pins = dict(adapter_pins or {})
         self._calls: dict[UUID, _Call] = {}

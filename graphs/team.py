@@ -38,7 +38,7 @@ __all__ = ["RoundRobin", "Router", "Team", "TeamError", "TeamState", "derive_see
 
 
 class TeamState(TypedDict):
-    """The shared context: the task and every message so far (each with its turn record)."""
+    """The shared context: the task and every message so far (graphs/capture.py records the turns)."""
 
     task: str
     transcript: Annotated[list[dict[str, Any]], operator.add]  # {"role", "text"}
@@ -67,7 +67,7 @@ class TeamError(ValueError):
 
 
 def load_router(spec: str) -> Router:
-    """The router a config names as `module:function` (a function of the state, or a RoundRobin)."""
+    """The router a config names as `module:function`: a function of the state (or a RoundRobin instance)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise TeamError(f"router must look like 'module:function', got {spec!r}")
