@@ -26,8 +26,10 @@ class Turn:
     logprobs: list[float]  # behaviour log pi_j(x_u | s, x_<u) for each completion token
     text: str  # decoded message text
     base_model: str = "base"  # key of the base model in the engine (heterogeneous teams)
-    node: str | None = None  # LangGraph node that made the call ("sub/inner" inside a subgraph)
-    step: int | None = None  # LangGraph superstep of that node (the subgraph's own step inside one)
+    # Where in the graph the call was made: provenance, not part of the action, so turns compare equal
+    # without it (a turn rebuilt from a trace span has none).
+    node: str | None = field(default=None, compare=False)  # LangGraph node ("sub/inner" in a subgraph)
+    step: int | None = field(default=None, compare=False)  # its superstep (a subgraph's own step in one)
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logprobs):
