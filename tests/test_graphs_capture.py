@@ -28,6 +28,7 @@ from teamtr.graphs.capture import (
     ForeignModelWarning,
     GraphTeam,
     RewardError,
+    derive_seed,
     run_episode,
 )
 from teamtr.graphs.engine import Engine, Generation, SamplingParams
@@ -298,6 +299,24 @@ def test_a_call_with_its_own_callbacks_still_reaches_its_episode(engine):
     assert [t.completion_ids for tr in again for t in tr.turns] == [
         t.completion_ids for tr in trajectories for t in tr.turns
     ]
+
+
+def test_team_episodes_go_through_the_same_capture(engine):
+    """Team builds an ordinary graph: its turns are the capture's, with node and step, exact as sampled."""
+    team = Team.from_engine([r for r in roles() if r.name != "merger"], engine, name="trio")
+    engine.records.clear()
+    [traj] = team.run(tasks(1), seed=3, adapter_pins={"left": ("right", 2)})
+    assert [(t.role, t.node, t.step) for t in traj.turns] == [
+        ("planner", "planner", 1),
+        ("left", "left", 2),
+        ("right", "right", 3),
+    ]
+    assert [(t.prompt_ids, t.completion_ids, t.logprobs) for t in traj.turns] == [
+        (g.prompt_ids, g.completion_ids, g.logprobs) for _, _, g in engine.records
+    ]
+    assert [a for _, a, _ in engine.records] == ["planner", "right", "right"]  # the pin held
+    assert [(t.adapter, t.adapter_version) for t in traj.turns] == [("planner", 0), ("left", 2), ("right", 0)]
+    assert traj.metadata == {"team": "trio", "seed": derive_seed(3, 0, 0)}  # the episode's own seed
 
 
 # ---- (b) a chat model that is not teamtr's ------------------------------------------------------------
