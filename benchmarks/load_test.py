@@ -34,7 +34,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.cli.serve import ServeConfig, build_server
+from teamtr.cli.server import ServeConfig, build_server
 from teamtr.evals.tasks import get_task
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
