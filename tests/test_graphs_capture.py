@@ -326,7 +326,7 @@ def test_team_episodes_go_through_the_same_capture(engine):
 def served(tiny_model_dir, tmp_path_factory):
     from serving_fixtures import make_run_dir, serve_in_background
 
-    from teamtr.cli.serve import ServeConfig
+    from teamtr.cli.server import ServeConfig
 
     run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=1)
     with serve_in_background(ServeConfig.from_run_dir(run, "chain", api_keys=["sk-k"])) as server:
