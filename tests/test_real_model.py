@@ -70,7 +70,9 @@ def _write_random_adapter(engine: EmbeddedEngine, out: Path, seed: int, rank: in
     """A peft LoRA with random A and B (B != 0: it changes the model), saved as peft writes it."""
     name = f"gen-{out.parent.name}-{out.name}"
     torch.manual_seed(seed)
-    engine.add_adapter(name, config=LoraSettings(r=rank, alpha=2 * rank, target_modules=TARGETS).peft_config())
+    engine.add_adapter(
+        name, config=LoraSettings(r=rank, alpha=2 * rank, target_modules=TARGETS).peft_config()
+    )
     with torch.no_grad():
         for key, param in engine.adapter_parameters(name).items():
             if "lora_B" in key:
@@ -175,8 +177,8 @@ def test_logprobs_of_the_same_tokens_match_between_embedded_and_vllm(smol, vllm_
     # sampled tokens: the log-probs vLLM records while generating are what the embedded engine scores
     sampled = SamplingParams(temperature=0.8, max_new_tokens=16, seed=3)
     gen = _run(vllm_smol, vllm_smol.generate(prompt, adapter="adder2", sampling=sampled))
-    rescored = smol.engine.token_logprobs([prompt], [gen.completion_ids], "adder2", temperature=0.8)[0].tolist()
-    gap = _max_gap([gen.logprobs], [rescored])
+    (rescored,) = smol.engine.token_logprobs([prompt], [gen.completion_ids], "adder2", temperature=0.8)
+    gap = _max_gap([gen.logprobs], [rescored.tolist()])
     print(f"SmolLM2 log-prob max gap embedded vs vLLM (sampled at T=0.8): {gap:.2e}")
     assert gen.completion_ids and gap < TOLERANCE
 
@@ -198,7 +200,9 @@ def test_a_three_role_team_on_chain_through_both_engines(smol, vllm_smol):
     tasks = chain.generate(3, seed=0)
     roles = chain_roles(3, TEAM_SAMPLING)
     runs = {
-        name: _run(engine, Team.from_engine(roles, engine, name="smol").rollout(tasks, verifier=chain, seed=0))
+        name: _run(
+            engine, Team.from_engine(roles, engine, name="smol").rollout(tasks, verifier=chain, seed=0)
+        )
         for name, engine in (("embedded", smol.engine), ("vllm", vllm_smol))
     }
     tok = smol.engine.tokenizer()
@@ -214,7 +218,9 @@ def test_a_three_role_team_on_chain_through_both_engines(smol, vllm_smol):
                 assert all(lp <= 0 for lp in turn.logprobs)
                 # the real ChatML template, with the earlier roles named in their messages
                 earlier = [(ROLES[j], trajectory.turns[j].text) for j in range(k)]
-                assert turn.prompt_ids == tok(_chatml(task.prompt, earlier), add_special_tokens=False).input_ids
+                assert (
+                    turn.prompt_ids == tok(_chatml(task.prompt, earlier), add_special_tokens=False).input_ids
+                )
 
     # vLLM's log-probs of its own greedy tokens are the embedded engine's (one scoring batch per role)
     gaps = []
@@ -237,7 +243,9 @@ def test_a_three_role_team_on_chain_through_both_engines(smol, vllm_smol):
             # greedy picks may differ only where the top two log-probs are closer than the engines' gap
             a, b = e.completion_ids[d], v.completion_ids[d]
             head = e.completion_ids[:d]
-            lp_a, lp_b = (s[-1] for s in smol.engine.score([e.prompt_ids] * 2, [head + [a], head + [b]], e.adapter))
+            lp_a, lp_b = (
+                s[-1] for s in smol.engine.score([e.prompt_ids] * 2, [head + [a], head + [b]], e.adapter)
+            )
             near_ties.append(lp_a - lp_b)
             assert abs(lp_a - lp_b) < 2 * TOLERANCE, (e.role, d, lp_a, lp_b)
             break

