@@ -31,7 +31,7 @@ import torch
 from ci_strict import missing_requirement
 from serving_fixtures import serve_in_background
 
-from teamtr.cli.serve import ServeConfig, TeamSpec
+from teamtr.cli.server import ServeConfig, ServedTeamConfig
 from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.chain_team import SYSTEM_PROMPT, chain_roles
 from teamtr.graphs.chat_format import render_prompt_ids
@@ -53,7 +53,7 @@ WIDE_RANK = 32  # above the vLLM server's --max-lora-rank (16) and unlike the ro
 # over SmolLM2's 30 layers: the measured gap (docs/models.md) is far below this bound.
 TOLERANCE = 1e-3
 TEAM_SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=24)
-SERVE_SAMPLING = SamplingParams(max_new_tokens=12)  # `teamtr serve` makes it greedy (TeamSpec.temperature)
+SERVE_SAMPLING = SamplingParams(max_new_tokens=12)  # `teamtr serve` makes it greedy (ServedTeamConfig.temperature)
 
 
 @dataclass
@@ -260,7 +260,7 @@ def test_a_three_role_team_on_chain_through_both_engines(smol, vllm_smol):
 
 
 def _serve_config(smol: Smol, engine: str, vllm_url: str | None) -> ServeConfig:
-    team = TeamSpec(
+    team = ServedTeamConfig(
         roles="teamtr.graphs.chain_team:chain_roles",
         options={"sampling": SERVE_SAMPLING},
         adapters={r: str(smol.v1[r]) for r in ROLES},  # .../<role>/v1: served as version 1
