@@ -329,8 +329,41 @@ async def gather_episodes(
     return list(await asyncio.gather(*(one(i, g) for i in range(len(tasks)) for g in range(group_size))))
 
 
+class EpisodeRunner:
+    """`rollout` and `run` over a class's own `arun` (one episode): shared by `GraphTeam` and
+    graphs/team.py `Team`, which differ only in how one episode goes in and out of their graph."""
+
+    async def arun(self, task: TaskInstance, **options: Any) -> Trajectory:
+        raise NotImplementedError
+
+    async def rollout(
+        self,
+        tasks: Sequence[TaskInstance],
+        *,
+        group_size: int = 1,
+        verifier: Any | None = None,
+        seed: int | None = None,
+        adapter_pins: Mapping[str, tuple[str, int]] | None = None,
+        max_concurrency: int | None = None,
+    ) -> list[Trajectory]:
+        """`group_size` episodes per task, all in flight at once (the engine batches their turns).
+
+        Trajectories come back grouped by task, in task order; seeded runs are reproducible."""
+
+        async def one(task: TaskInstance, ep_seed: int | None) -> Trajectory:
+            return await self.arun(task, verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins)
+
+        return await gather_episodes(
+            one, tasks, group_size=group_size, seed=seed, max_concurrency=max_concurrency
+        )
+
+    def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
+        """Synchronous `rollout` for scripts and notebooks without an event loop."""
+        return asyncio.run(self.rollout(tasks, **kwargs))
+
+
 @dataclass
-class GraphTeam:
+class GraphTeam(EpisodeRunner):
     """A user's compiled graph as a team: `arun` / `rollout` / `run`, the same calls as graphs/team.py `Team`.
 
     graph: the compiled graph (its nodes call `RoleModels.model(name)`, graphs/role_models.py).
@@ -371,23 +404,3 @@ class GraphTeam:
             recursion_limit=self.recursion_limit,
         )
 
-    async def rollout(
-        self,
-        tasks: Sequence[TaskInstance],
-        *,
-        group_size: int = 1,
-        verifier: Any | None = None,
-        seed: int | None = None,
-        adapter_pins: Mapping[str, tuple[str, int]] | None = None,
-        max_concurrency: int | None = None,
-    ) -> list[Trajectory]:
-        async def one(task: TaskInstance, ep_seed: int | None) -> Trajectory:
-            return await self.arun(task, verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins)
-
-        return await gather_episodes(
-            one, tasks, group_size=group_size, seed=seed, max_concurrency=max_concurrency
-        )
-
-    def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
-        """Synchronous `rollout` for scripts without an event loop."""
-        return asyncio.run(self.rollout(tasks, **kwargs))

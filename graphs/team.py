@@ -15,7 +15,6 @@ seeds each call.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import operator
 import typing
@@ -27,7 +26,7 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from teamtr.graphs.capture import derive_seed, gather_episodes, run_episode
+from teamtr.graphs.capture import EpisodeRunner, derive_seed, run_episode
 from teamtr.graphs.chat_format import ChatFormat, template_traits
 from teamtr.graphs.chat_model import EngineChatModel
 from teamtr.graphs.role_models import RoleModels
@@ -83,7 +82,7 @@ def load_router(spec: str) -> Router:
 
 
 @dataclass
-class Team:
+class Team(EpisodeRunner):
     """Roles + router -> a compiled LangGraph; `arun` / `rollout` produce `Trajectory`s.
 
     models: one chat model per role name. `Team.from_engine` builds them from an engine.
@@ -225,31 +224,6 @@ class Team:
             recursion_limit=self.max_turns + 8,
             metadata={"team": self.name, "seed": seed},
         )
-
-    async def rollout(
-        self,
-        tasks: Sequence[TaskInstance],
-        *,
-        group_size: int = 1,
-        verifier: Any | None = None,
-        seed: int | None = None,
-        adapter_pins: dict[str, tuple[str, int]] | None = None,
-        max_concurrency: int | None = None,
-    ) -> list[Trajectory]:
-        """`group_size` episodes per task, all in flight at once (the engine batches their turns).
-
-        Trajectories come back grouped by task, in task order; seeded runs are reproducible."""
-
-        async def one(task: TaskInstance, ep_seed: int | None) -> Trajectory:
-            return await self.arun(task, verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins)
-
-        return await gather_episodes(
-            one, tasks, group_size=group_size, seed=seed, max_concurrency=max_concurrency
-        )
-
-    def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
-        """Synchronous `rollout` for scripts and notebooks without an event loop."""
-        return asyncio.run(self.rollout(tasks, **kwargs))
 
 
 def _team_input(task: TaskInstance) -> TeamState:
