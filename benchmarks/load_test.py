@@ -12,6 +12,9 @@ each round sends `--requests` requests while a new version of every role's adapt
 times (through POST /admin/adapters for the api). Prints p50 / p99 latency, throughput, failed requests
 (must be 0) and the API / direct ratios, and writes them as JSON. Everything is on 127.0.0.1; request
 count and time are bounded (--timeout-s per round).
+
+One file of ~400 lines on purpose: a benchmark script read and run top to bottom (setup, the two
+phases, the rounds, the report), whose pieces nothing else uses.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.cli.serve import ServeConfig, build_server
+from teamtr.cli.server import ServeConfig, build_server
 from teamtr.evals.tasks import get_task
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from teamtr.training.run_dir import RunDir
-from teamtr.training.swap import Callbacks, SwapConfig, swap_role
+from teamtr.training.swap import SwapConfig, SwapProgress, swap_role
 
 app = typer.Typer()
 console = Console()
 
 
-class RichSwapCallbacks(Callbacks):
+class RichSwapProgress(SwapProgress):
     """A bar for the probe set, a bar for the Stage-0 rounds with the monitored KL against delta_0."""
 
     def __init__(self, progress: Progress) -> None:
@@ -102,7 +102,7 @@ def swap(
                 TimeElapsedColumn(),
                 console=console,
             ) as progress:
-                result = swap_role(run_dir, cfg, RichSwapCallbacks(progress))
+                result = swap_role(run_dir, cfg, RichSwapProgress(progress))
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         raise typer.BadParameter(str(e)) from e
     if json_out:

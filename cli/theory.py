@@ -44,6 +44,11 @@ def scaling(
         4.0, "--competence", help="Warm start: logit bonus of the message that keeps the chain intact."
     ),
     rounds: int = typer.Option(2, "--rounds", min=1, help="Turns per agent per episode (T = rounds * n)."),
+    family: str = typer.Option(
+        "chain",
+        "--family",
+        help="chain (a dominant best message per turn) or convention (depends on the team).",
+    ),
     out: Path = typer.Option(Path("runs/theory/scaling.png"), "--out", help="Where to write the figure."),
 ) -> None:
     """Stale gap and occupancy divergence vs n for naive sequential and TeamTR (exact), with exponents."""
@@ -55,6 +60,7 @@ def scaling(
             delta=delta,
             competence=competence,
             rounds=rounds,
+            family=family,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
@@ -74,7 +80,7 @@ def scaling(
 def _print_scaling(console: Console, result: dict[str, Any]) -> None:
     cfg = result["config"]
     table = Table(
-        title=f"Exact chain teams: mean of {cfg['seeds']} seeds, K={cfg['stages']} stages, delta={cfg['delta']}"
+        title=f"Exact {cfg['family']} teams: mean of {cfg['seeds']} seeds, K={cfg['stages']} stages, delta={cfg['delta']}"
     )
     for col in (
         "n",

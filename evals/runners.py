@@ -33,6 +33,7 @@ SYSTEM_PROMPTS = {
     "blocksworld": "Write a plan.",
     "arbench": "Find the code.",
     "split": "Look up the symbol.",
+    "convention": "Continue the sums.",
 }
 MESSAGE_END = "\n"  # the small character models end a message with a newline
 

@@ -3,20 +3,25 @@
 Each call renders the messages with the tokenizer's chat template, samples from the engine with the
 role's adapter, and returns an AIMessage whose `response_metadata["teamtr"]` holds the prompt token ids,
 completion token ids, behaviour log-probs and adapter version: the turn exactly as it was sampled.
-`turn_from_reply` turns such a reply back into a `Turn` (the team's rollouts and serving's turn spans
-both read replies through it).
+`turn_from_reply` turns such a reply back into a `Turn` (episode capture, graphs/capture.py, and
+serving's turn spans both read replies through it).
+
+Inside a captured episode (graphs/capture.py `EpisodeCapture` among the call's callback handlers) the
+model samples with the episode's pinned adapter version for its role and with the episode's per-call
+seed, so the graph code itself passes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
 from pydantic import ConfigDict
 
 from teamtr.graphs.chat_format import ChatFormat, render_prompt_ids
@@ -24,13 +29,19 @@ from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
 from teamtr.graphs.trajectory import Turn
 
 METADATA_KEY = "teamtr"
+# The episode being captured in this context (graphs/capture.py `run_episode` sets it): how a call whose
+# node passed callbacks of its own, which replace the inherited ones, still reaches its episode.
+active_episode: ContextVar[Any] = ContextVar("teamtr_active_episode", default=None)
 
 
 class EngineChatModel(BaseChatModel):
     """`BaseChatModel` backed by an `Engine` (embedded or vLLM) and one LoRA adapter.
 
+    `role` names the role it speaks for (graphs/role_models.py `RoleModels.model` sets it); without it
+    the role comes from the call's `teamtr_role` metadata (graphs/team.py sets that).
     Per call, `engine_adapter=` overrides the adapter (serving pins a version this way, e.g.
-    `solver@v4`) and `adapter_version=` the version recorded for it.
+    `solver@v4`) and `adapter_version=` the version recorded for it; a captured episode's
+    `adapter_pins` do the same for the role without any keyword.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -40,6 +51,7 @@ class EngineChatModel(BaseChatModel):
     base_model: str = DEFAULT_BASE
     sampling: SamplingParams = SamplingParams()
     chat_format: ChatFormat | None = None  # None: ChatFormat() (graphs/chat_format.py)
+    role: str | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -47,7 +59,7 @@ class EngineChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"adapter": self.adapter, "base_model": self.base_model}
+        return {"role": self.role, "adapter": self.adapter, "base_model": self.base_model}
 
     def _generate(
         self,
@@ -59,7 +71,8 @@ class EngineChatModel(BaseChatModel):
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._agenerate(messages, stop=stop, **kwargs))
+            # the sync run manager has what _agenerate reads of it (handlers, metadata, run_id)
+            return asyncio.run(self._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs))  # type: ignore[arg-type]
         raise RuntimeError("EngineChatModel.invoke inside a running event loop: use `await ainvoke`")
 
     async def _agenerate(
@@ -70,6 +83,22 @@ class EngineChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         engine: Engine = self.engine
+        role = self.role or (run_manager.metadata.get("teamtr_role") if run_manager is not None else None)
+        episode = episode_of(run_manager)
+        stray = episode is None and run_manager is not None and active_episode.get() is not None
+        if stray:  # the capture never heard of this call: report its start and end to it ourselves
+            episode = active_episode.get()
+            episode.on_chat_model_start(
+                None, [messages], run_id=run_manager.run_id, metadata=run_manager.metadata
+            )
+        if episode is not None and "engine_adapter" not in kwargs:
+            pin = episode.pin(role)
+            if pin is not None:  # this episode keeps the adapter version it started with
+                kwargs.update(engine_adapter=pin[0], adapter_version=pin[1], adapter_label=self.adapter)
+        if episode is not None and "seed" not in kwargs and run_manager is not None:
+            seed = episode.call_seed(run_manager.run_id)
+            if seed is not None:
+                kwargs["seed"] = seed
         adapter = kwargs.get("engine_adapter", self.adapter)
         sampling = self.sampling
         if stop:
@@ -85,6 +114,7 @@ class EngineChatModel(BaseChatModel):
                 "finish_reason": gen.finish_reason,
                 "model_name": adapter or self.base_model,
                 METADATA_KEY: {
+                    "role": role,
                     "adapter": kwargs.get("adapter_label", adapter),
                     "adapter_version": version,
                     "base_model": self.base_model,
@@ -103,7 +133,20 @@ class EngineChatModel(BaseChatModel):
                 "total_tokens": len(gen.prompt_ids) + len(gen.completion_ids),
             },
         )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        result = ChatResult(generations=[ChatGeneration(message=message)])
+        if stray:
+            episode.on_llm_end(LLMResult(generations=[result.generations]), run_id=run_manager.run_id)
+        return result
+
+
+def episode_of(run_manager: Any) -> Any | None:
+    """The episode capture (graphs/capture.py `EpisodeCapture`) among a call's callback handlers, if any.
+
+    Found by a marker attribute, not by class, because graphs/capture.py imports this module."""
+    for handler in getattr(run_manager, "handlers", None) or ():
+        if getattr(handler, "is_teamtr_episode", False):
+            return handler
+    return None
 
 
 def is_engine_reply(reply: BaseMessage) -> bool:
@@ -112,7 +155,12 @@ def is_engine_reply(reply: BaseMessage) -> bool:
 
 
 def turn_from_reply(
-    reply: BaseMessage, role: str, adapter: str | None = None, base_model: str = DEFAULT_BASE
+    reply: BaseMessage,
+    role: str,
+    adapter: str | None = None,
+    base_model: str = DEFAULT_BASE,
+    node: str | None = None,
+    step: int | None = None,
 ) -> Turn:
     """The `Turn` of one role's reply.
 
@@ -130,6 +178,8 @@ def turn_from_reply(
             logprobs=[],
             text=str(reply.content),
             base_model=base_model,
+            node=node,
+            step=step,
         )
     return Turn(
         role=role,
@@ -142,6 +192,8 @@ def turn_from_reply(
         base_model=meta["base_model"],
         temperature=meta.get("temperature"),
         top_p=meta.get("top_p"),
+        node=node,
+        step=step,
     )
 
 

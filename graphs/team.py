@@ -3,17 +3,19 @@
     START --route--> role_1 --route--> role_2 --route--> ... --route--> END
 
 Turn-taking: exactly one role acts per step; `route` asks the router which role speaks next (round-robin
-by default, or any function of the state you write, like a LangGraph conditional edge), ends the episode
-at the max-turn guard or when the final-answer rule fires. Each role calls a langchain-core chat model:
-the engine-backed `EngineChatModel` (which records token ids and log-probs for training) or any other
+by default, or any function of the state you write, like a LangGraph conditional edge; `load_router`
+reads one from a `module:function` spec), ends the episode at the max-turn guard or when the final-answer
+rule fires. Each role calls a langchain-core chat model: the engine-backed `EngineChatModel` or any other
 LangChain chat model, e.g. `ChatOpenAI` pointed at a vLLM server.
+
+`Team` is one builder of an ordinary compiled graph: its episodes go through the same capture path as any
+user graph (graphs/capture.py `run_episode`), which records each role's turn, pins adapter versions and
+seeds each call.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
+import importlib
 import operator
 import typing
 from collections.abc import Callable, Sequence
@@ -21,22 +23,25 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from teamtr.graphs.capture import EpisodeRunner, derive_seed, run_episode
 from teamtr.graphs.chat_format import ChatFormat, template_traits
-from teamtr.graphs.chat_model import EngineChatModel, turn_from_reply
+from teamtr.graphs.chat_model import EngineChatModel
+from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory
 
+__all__ = ["RoundRobin", "Router", "Team", "TeamError", "TeamState", "derive_seed", "load_router"]
+
 
 class TeamState(TypedDict):
-    """The shared context: the task and every message so far (each with its turn record)."""
+    """The shared context: the task and every message so far (graphs/capture.py records the turns)."""
 
     task: str
-    transcript: Annotated[list[dict[str, Any]], operator.add]  # {"role", "text", "turn"}
+    transcript: Annotated[list[dict[str, Any]], operator.add]  # {"role", "text"}
     final: str | None
 
 
@@ -61,14 +66,23 @@ class TeamError(ValueError):
     """A malformed team, reported when it is built."""
 
 
-def derive_seed(*parts: Any) -> int:
-    """A stable 63-bit seed from any parts (Python's hash() is salted per process)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+def load_router(spec: str) -> Router:
+    """The router a config names as `module:function`: a function of the state (or a RoundRobin instance)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise TeamError(f"router must look like 'module:function', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TeamError(f"router {spec!r}: cannot import module {module_name!r}: {e}") from e
+    router = getattr(module, attr, None)
+    if router is None or not callable(router):
+        raise TeamError(f"router {spec!r}: module {module_name!r} has no callable {attr!r}")
+    return router
 
 
 @dataclass
-class Team:
+class Team(EpisodeRunner):
     """Roles + router -> a compiled LangGraph; `arun` / `rollout` produce `Trajectory`s.
 
     models: one chat model per role name. `Team.from_engine` builds them from an engine.
@@ -119,6 +133,7 @@ class Team:
             raise TeamError(f"router names unknown roles {unknown}; roles are {names}")
         if self.max_turns < 1:
             raise TeamError("max_turns must be >= 1")
+        self.role_models = RoleModels(None, self.roles, self.models)
         self.graph = self._build()
 
     @classmethod
@@ -134,6 +149,7 @@ class Team:
                 base_model=r.base_model,
                 sampling=r.sampling,
                 chat_format=chat_format,
+                role=r.name,
             )
             for r in roles
         }
@@ -158,25 +174,16 @@ class Team:
         return nxt
 
     def _node(self, role: Role) -> Callable:
-        model = self.models[role.name]
+        model = self.role_models.model(role.name)  # capture records the turn; pins and seeds come from it
 
-        async def act(state: TeamState, config: RunnableConfig) -> dict:
-            conf = config.get("configurable", {})
+        async def act(state: TeamState) -> dict:
             messages = role_messages(
                 role, state["task"], [(e["role"], e["text"]) for e in state["transcript"]]
             )
-            kwargs: dict[str, Any] = {}
-            if isinstance(model, EngineChatModel):
-                pin = conf.get("adapter_pins", {}).get(role.name)
-                if pin is not None:  # serving: this episode keeps the adapter version it started with
-                    kwargs.update(engine_adapter=pin[0], adapter_version=pin[1], adapter_label=role.adapter)
-                if conf.get("seed") is not None:
-                    kwargs["seed"] = derive_seed(conf["seed"], len(state["transcript"]))
-            reply = await model.ainvoke(messages, **kwargs)
+            reply = await model.ainvoke(messages)
             text = reply.text if isinstance(reply.text, str) else str(reply.content)
-            turn = turn_from_reply(reply, role.name, role.adapter, role.base_model)
             final = text if self.is_final is not None and self.is_final(text) else None
-            return {"transcript": [{"role": role.name, "text": text, "turn": turn}], "final": final}
+            return {"transcript": [{"role": role.name, "text": text}], "final": final}
 
         return act
 
@@ -203,60 +210,32 @@ class Team:
         config: dict[str, Any] | None = None,
     ) -> Trajectory:
         """One episode. `verifier` (a TaskFamily) scores the final answer into the reward."""
-        instance = (
-            task if isinstance(task, TaskInstance) else TaskInstance(id="adhoc", prompt=task, answer=None)
-        )
-        cfg = dict(config or {})
-        cfg["configurable"] = {
-            **cfg.get("configurable", {}),
-            "seed": seed,
-            "adapter_pins": adapter_pins or {},
-        }
-        cfg.setdefault("recursion_limit", self.max_turns + 8)
-        state = await self.graph.ainvoke(
-            {"task": instance.prompt, "transcript": [], "final": None}, config=cfg
-        )
-        transcript = state["transcript"]
-        final = state.get("final")
-        if final is None and transcript:
-            final = transcript[-1]["text"]
-        reward = float(verifier.verify(instance, final or "")) if verifier is not None else 0.0
-        return Trajectory(
-            task_id=instance.id,
-            group_id=group_id or instance.id,
-            turns=[e["turn"] for e in transcript],
-            reward=reward,
-            final_answer=final,
+        return await run_episode(
+            self.graph,
+            task,
+            name=self.name,
+            verifier=verifier,
+            seed=seed,
+            adapter_pins=adapter_pins,
+            group_id=group_id,
+            config=config,
+            make_input=_team_input,
+            read_output=_team_output,
+            recursion_limit=self.max_turns + 8,
             metadata={"team": self.name, "seed": seed},
         )
 
-    async def rollout(
-        self,
-        tasks: Sequence[TaskInstance],
-        *,
-        group_size: int = 1,
-        verifier: Any | None = None,
-        seed: int | None = None,
-        adapter_pins: dict[str, tuple[str, int]] | None = None,
-        max_concurrency: int | None = None,
-    ) -> list[Trajectory]:
-        """`group_size` episodes per task, all in flight at once (the engine batches their turns).
 
-        Trajectories come back grouped by task, in task order; seeded runs are reproducible."""
-        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+def _team_input(task: TaskInstance) -> TeamState:
+    return {"task": task.prompt, "transcript": [], "final": None}
 
-        async def one(i: int, g: int) -> Trajectory:
-            ep_seed = None if seed is None else derive_seed(seed, i, g)
-            async with gate:
-                return await self.arun(
-                    tasks[i], verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins, group_id=tasks[i].id
-                )
 
-        return list(await asyncio.gather(*(one(i, g) for i in range(len(tasks)) for g in range(group_size))))
-
-    def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
-        """Synchronous `rollout` for scripts and notebooks without an event loop."""
-        return asyncio.run(self.rollout(tasks, **kwargs))
+def _team_output(state: TeamState) -> str | None:
+    """The final-answer rule's message, else the last message."""
+    final = state.get("final")
+    if final is None and state["transcript"]:
+        final = state["transcript"][-1]["text"]
+    return final
 
 
 def _literal_destinations(router: Callable) -> list[str] | None:

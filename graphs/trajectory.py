@@ -33,6 +33,10 @@ class Turn:
     # T = 1 whatever the sampling temperature was).
     temperature: float | None = None
     top_p: float | None = None
+    # Where in the graph the call was made: provenance, not part of the action, so turns compare equal
+    # without it (a turn rebuilt from a trace span has none).
+    node: str | None = field(default=None, compare=False)  # LangGraph node ("sub/inner" in a subgraph)
+    step: int | None = field(default=None, compare=False)  # its superstep (a subgraph's own step in one)
 
     def __post_init__(self) -> None:
         if len(self.completion_ids) != len(self.logprobs):
@@ -51,6 +55,11 @@ class Turn:
     def logprob_sum(self) -> float:
         """log pi_j(m|s) = sum_u log pi_j(x_u | s, x_<u)."""
         return float(sum(self.logprobs))
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the turn carries sampled tokens (a foreign chat model's turn is text only)."""
+        return bool(self.completion_ids)
 
 
 @dataclass

@@ -49,7 +49,7 @@ from teamtr.serving.settings import ServeSettings, TeamPolicy
 from teamtr.serving.shutdown import CancelledAnswer
 from teamtr.serving.tracing import TeamTracer
 
-__all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what cli/serve.py builds from
+__all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what cli/server.py builds from
 
 
 def _caller(http: Request) -> str:

@@ -2,7 +2,7 @@
 
 The server is built by an async factory run on the server's own event loop, because the engine's tasks
 and the registry's locks belong to the loop that serves the app. `teamtr serve`'s `build_server`
-(cli/serve.py) is such a factory; tests/serving_fixtures.py wraps it as `serve_in_background`.
+(cli/server.py) is such a factory; tests/serving_fixtures.py wraps it as `serve_in_background`.
 """
 
 from __future__ import annotations

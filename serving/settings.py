@@ -1,4 +1,4 @@
-"""Limits, keys and per-team policies of one server (cli/serve.py builds them from a `ServeConfig`)."""
+"""Limits, keys and per-team policies of one server (cli/server.py builds them from a `ServeConfig`)."""
 
 from __future__ import annotations
 

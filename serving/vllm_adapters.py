@@ -153,6 +153,11 @@ class VLLMAdapters:
                 await self._http.post(url, "/v1/load_lora_adapter", {**payload, "load_inplace": True})
         except VLLMRequestError as e:  # vLLM hides the path in its message; say which adapter it was
             e.message = f"adapter {name!r} from {path} refused: {e.message}"
+            if "max_lora_rank" in e.message:  # vLLM says what is wrong, not what to change
+                e.message += (
+                    "; start the vLLM server with a --max-lora-rank at least the adapter's rank "
+                    "(start_vllm_server(..., max_lora_rank=R)), or train the adapter with a smaller rank"
+                )
             e.args = (f"vLLM {e.endpoint} -> HTTP {e.status_code}: {e.message}",)
             raise
         self.versions[key] = self.versions.get(key, -1) + 1

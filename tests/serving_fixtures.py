@@ -1,6 +1,6 @@
 """Fixtures of the serving tests: a training-run directory with real saved adapter versions, a served team.
 
-`serve_in_background(config)` is `teamtr serve` (cli/serve.py's `build_server`) on a real uvicorn server
+`serve_in_background(config)` is `teamtr serve` (cli/server.py's `build_server`) on a real uvicorn server
 in a thread of its own (serving/background.py), on a free localhost port.
 
 The adapters are real peft LoRA directories written by the embedded engine's `save_adapter` (what the
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import yaml
 
-from teamtr.cli.serve import ServeConfig, Server, build_server
+from teamtr.cli.server import ServeConfig, Server, build_server
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.background import BackgroundServer
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings

@@ -156,7 +156,7 @@ def test_trainer_trains_pi_at_the_rollout_temperature(tmp_path):
 
 
 def test_served_turns_are_greedy_and_refused_by_the_trainer(tiny_model_dir, tmp_path):
-    from teamtr.cli.serve import ServeConfig
+    from teamtr.cli.server import ServeConfig
     from teamtr.serving.tracing import trajectories_from_store
 
     run_dir = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.serve import ServeConfig, ServedTeamConfig
+from teamtr.cli.server import ServeConfig, ServedTeamConfig
 from teamtr.graphs.engine import Generation, SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.vllm_http import VLLMClient

@@ -272,7 +272,7 @@ def _cli():
 
 
 def test_serve_resolves_a_model_that_is_not_under_the_run_directory(tmp_path, tiny_model_dir):
-    from teamtr.cli.serve import ServeConfig, ServedTeamConfig, model_dir
+    from teamtr.cli.server import ServeConfig, ServedTeamConfig, model_dir
 
     def served(model: str, base_dir: Path) -> Path:
         return model_dir(ServeConfig(model=model, teams={"t": ServedTeamConfig()}, base_dir=str(base_dir)))

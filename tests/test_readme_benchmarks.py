@@ -1,5 +1,6 @@
-"""The README's benchmark commands (its results table) run: `python benchmarks/overhead.py` and
-`python benchmarks/swap_shock.py`, in their own processes, at the smallest sizes their options allow."""
+"""The README's benchmark commands (its results table) run: `python benchmarks/overhead.py`,
+`python benchmarks/swap_shock.py` and `python benchmarks/graph_rollout_throughput.py`, in their own
+processes, at the smallest sizes their options allow."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def test_readme_benchmark_commands_run_at_tiny_sizes(tiny_model_dir, tmp_path):
     assert shock.returncode == 0, shock.stderr[-3000:]
     saved = json.loads((tmp_path / "shock" / "swap_shock.json").read_text())
     assert set(saved["runs"][0]) >= {"direct", "stage0"}
+
+
+def test_readme_graph_throughput_command_runs_at_a_tiny_size():
+    """`python benchmarks/graph_rollout_throughput.py --team` (the README's speed line), 2 episodes."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "graph_rollout_throughput.py"), "--episodes", "2",
+         "--tokens", "4", "--repeats", "1", "--team"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ratio" in out.stdout.lower(), out.stdout[-2000:]

@@ -75,8 +75,8 @@ def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
     from serving_fixtures import serve_in_background
 
     from teamtr.cli.eval import load_eval_team
-    from teamtr.cli.serve import ServeConfig
     from teamtr.cli.serve import app as cli_app
+    from teamtr.cli.server import ServeConfig
 
     team = load_eval_team(str(renamed_run.path), "chain")
     assert [r.name for r in team.roles] == ["first", "second", "third"]

@@ -13,7 +13,7 @@ import yaml
 from langchain_openai import ChatOpenAI
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import ServeConfig
+from teamtr.cli.server import ServeConfig
 from teamtr.serving.registry import AdapterError
 
 API_KEY, ADMIN_KEY = "sk-test-key", "admin-test-key"

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.serve import ServeConfig
+from teamtr.cli.server import ServeConfig
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (dev extra)")
 from schemathesis import GenerationMode  # noqa: E402

@@ -11,7 +11,7 @@ import openai
 import pytest
 from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import ServeConfig
+from teamtr.cli.server import ServeConfig
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.registry import version_dirs
 from teamtr.serving.tracing import trajectories_from_store

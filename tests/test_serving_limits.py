@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.serve import ServeConfig, ServedTeamConfig
+from teamtr.cli.server import ServeConfig, ServedTeamConfig
 from teamtr.serving.embedded import EmbeddedEngine
 
 TASK = "12+7+30+5"

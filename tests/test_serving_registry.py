@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 from serving_fixtures import ROLES, adapter_config, make_run_dir, serve_in_background, write_versions
 from typer.testing import CliRunner
 
-from teamtr.cli.serve import ServeConfig
 from teamtr.cli.serve import app as cli_app
+from teamtr.cli.server import ServeConfig
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams

@@ -16,8 +16,8 @@ import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 from typer.testing import CliRunner
 
-from teamtr.cli.serve import ServeConfig
 from teamtr.cli.serve import app as cli_app
+from teamtr.cli.server import ServeConfig
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.serving.trace_store import read_spans
 from teamtr.serving.tracing import MissingTokensError, trajectories_from_store

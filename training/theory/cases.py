@@ -12,6 +12,8 @@ from teamtr.training.theory.env import (
     TeamInstance,
     chain_instance,
     chain_warm_logits,
+    convention_instance,
+    convention_warm_logits,
     random_instance,
     random_logits,
 )
@@ -36,10 +38,22 @@ def random_case(
 ) -> RandomCase:
     """A small random team: 1..max_agents agents, 2-3 messages, random or round-robin router, discount in
     [0.5, 1], trust-region radius log-uniform in [1e-3, 2] (large radii stress the bounds), 1-2 stages.
-    One case in five is a chain team (the scaling study's family)."""
+    One case in five is a chain team, one in ten a convention team (the scaling study's families)."""
     n = int(rng.integers(1, max_agents + 1))
     gamma = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
-    if rng.uniform() < 0.2:
+    family = rng.uniform()
+    if family < 0.1:  # partly readable contexts: one policy over the contexts a role cannot tell apart
+        instance = convention_instance(
+            n,
+            rounds=int(rng.integers(1, 3)),
+            conventions=int(rng.integers(2, 4)),
+            legibility=float(rng.choice([0.0, rng.uniform()])),
+            gamma=gamma,
+        )
+        logits = convention_warm_logits(
+            instance, rng, competence=float(rng.uniform(0, 4)), slip=float(rng.uniform(0, 4)), noise=1.0
+        )
+    elif family < 0.3:
         instance = chain_instance(
             n, rng, rounds=int(rng.integers(1, 3)), flavours=int(rng.integers(1, 3)), gamma=gamma
         )

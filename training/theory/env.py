@@ -8,12 +8,16 @@ verifier scores the final answer), discounted by gamma per turn.
 Every quantity the theorems talk about is a finite sum over this structure, so it is computed exactly
 (`exact.py`); nothing is sampled.
 
-Two families:
+Three families:
   random_instance  random transitions, rewards, routers: the property tests' worst-case hunting ground
   chain_instance   the scaling study's team: agents take turns round-robin for R rounds, each turn is
                    one step of a chain; a wrong step breaks the chain for every later turn. Later agents
                    therefore act on contexts produced by earlier agents (the context remembers whether
                    the chain is still intact), which is what makes stale occupancy matter.
+  convention_instance  the same turn-taking, but a role cannot always read the context (`observation`:
+                   contexts it cannot tell apart share one policy), so its best message depends on what
+                   its teammates do: chain's best message is right whatever the others do, this one's is
+                   not (docs/theory.md section 5b).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class TeamInstance:
     gamma: float = 1.0
     name: str = "team"
     agent_names: list[str] = field(default_factory=list)
+    # Optional, per layer (K_t,) ints: what the speaker can read of its context. Contexts of one layer with
+    # the same observation share one policy (the speaker cannot tell them apart). None: full contexts.
+    observation: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if not self.agent_names:
@@ -60,6 +67,17 @@ class TeamInstance:
                 raise ValueError(f"layer {t}: router must give an agent in [0, {self.n_agents}) per context")
         if self.reward.shape != (sizes[-1],) or self.reward.min() < 0 or self.reward.max() > 1:
             raise ValueError("reward must be one value in [0, 1] per terminal context")
+        if self.observation is not None:
+            if len(self.observation) != len(self.transitions):
+                raise ValueError("need one observation array per layer")
+            for t, (obs, route) in enumerate(zip(self.observation, self.router, strict=True)):
+                if obs.shape != (sizes[t],):
+                    raise ValueError(f"layer {t}: observation must give one id per context")
+                for o in np.unique(obs):
+                    if len(np.unique(route[obs == o])) != 1:
+                        raise ValueError(
+                            f"layer {t}: contexts sharing observation {o} have different speakers"
+                        )
 
     @property
     def horizon(self) -> int:
@@ -72,6 +90,39 @@ class TeamInstance:
     def agent_mask(self, agent: int) -> list[np.ndarray]:
         """Per layer, the contexts where `agent` speaks (its states S_j)."""
         return [route == agent for route in self.router]
+
+    def shared_advantages(
+        self, occupancy: list[np.ndarray], advantages: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """The advantages an update can act on when contexts sharing an observation share one policy:
+        per observation, the occupancy-weighted mean of A over its contexts (the plain mean where the
+        occupancy is zero). With tied logits, pi_new ∝ pi_cur exp(eta * mean A) keeps them tied, and its
+        surrogate sum_s d(s) sum_m pi_new(m|s) mean_A(m) equals the exact one. Without observations: A."""
+        if self.observation is None:
+            return advantages
+        out = []
+        for obs, d, A in zip(self.observation, occupancy, advantages, strict=True):
+            tied = np.empty_like(A)
+            for o in np.unique(obs):
+                rows = obs == o
+                w = d[rows]
+                w = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / len(w))
+                tied[rows] = w @ A[rows]
+            out.append(tied)
+        return out
+
+    def tie(self, logits: list[np.ndarray]) -> list[np.ndarray]:
+        """Logits made equal across contexts that share an observation (the first context's row wins)."""
+        if self.observation is None:
+            return logits
+        out = []
+        for obs, z in zip(self.observation, logits, strict=True):
+            z = z.copy()
+            for o in np.unique(obs):
+                rows = np.flatnonzero(obs == o)
+                z[rows] = z[rows[0]]
+            out.append(z)
+        return out
 
     def agent_index(self, role: str) -> int:
         try:
@@ -163,3 +214,88 @@ def chain_warm_logits(
         keeps_intact = P[:, :, half:].sum(axis=2) > 0.5  # (K_t, M)
         logits[t] = logits[t] + competence * keeps_intact
     return logits
+
+
+def convention_instance(
+    n_agents: int,
+    rng: np.random.Generator | None = None,
+    rounds: int = 2,
+    conventions: int = 3,
+    legibility: float = 0.0,
+    gamma: float = 1.0,
+) -> TeamInstance:
+    """A team whose roles must end in the convention the episode started in, and cannot always read
+    which one the running message is in: a role's best message depends on what its teammates do.
+
+    T = rounds * n_agents turns, agent t mod n at turn t. The running message is written in one of
+    C = `conventions` conventions; the context holds its offset o in Z_C from the one the episode
+    started in. Message m rewrites it m steps on (o -> o + m mod C): m = 0 continues in the convention
+    in use, m != 0 switches (the first message: m != 0 is a slip, e.g. a role's typical error). The next
+    speaker reads o with probability `legibility`; otherwise it sees only that a message is there (one
+    observation for every o), so whether to switch back is a bet on what the earlier roles did and on
+    whether a later one will switch back too (two corrections of one slip are a new error). Reward 1 if
+    the episode ends at offset 0, else 0.
+
+    Contexts at turn t >= 1: o (offset o, legible) and C + o (offset o, illegible); observations: o if
+    legible, C if not; turn 0 has one context. `rng` is unused (the structure is fixed; the warm start,
+    `convention_warm_logits`, is random); it is accepted for the same call shape as `chain_instance`.
+    """
+    del rng
+    if n_agents < 1 or rounds < 1 or conventions < 2 or not 0.0 <= legibility <= 1.0:
+        raise ValueError("need n_agents >= 1, rounds >= 1, conventions >= 2, legibility in [0, 1]")
+    C, horizon = conventions, rounds * n_agents
+
+    def arrive(offset: int) -> np.ndarray:  # the next context: offset, legible with prob. `legibility`
+        row = np.zeros(2 * C)
+        row[offset % C] = legibility
+        row[C + offset % C] = 1.0 - legibility
+        return row
+
+    transitions = [np.stack([arrive(m) for m in range(C)])[None]]  # (1, C, 2C)
+    for _t in range(1, horizon):
+        P = np.zeros((2 * C, C, 2 * C))
+        for o in range(C):
+            for m in range(C):
+                P[o, m] = P[C + o, m] = arrive(o + m)
+        transitions.append(P)
+    router = [np.full(P.shape[0], t % n_agents) for t, P in enumerate(transitions)]
+    reads = np.concatenate([np.arange(C), np.full(C, C)])
+    observation = [np.zeros(1, dtype=int)] + [reads.copy() for _ in range(1, horizon)]
+    reward = np.zeros(2 * C)
+    reward[[0, C]] = 1.0
+    return TeamInstance(
+        n_agents,
+        C,
+        np.ones(1),
+        transitions,
+        router,
+        reward,
+        gamma,
+        name="convention",
+        observation=observation,
+    )
+
+
+def convention_warm_logits(
+    instance: TeamInstance,
+    rng: np.random.Generator,
+    competence: float = 4.0,
+    slip: float = 4.0,
+    noise: float = 0.5,
+) -> list[np.ndarray]:
+    """A warm start for `convention_instance`: N(0, noise^2) logits plus `competence` on continuing in
+    the convention in use (message 0) where the offset is unreadable and on restoring offset 0 where it
+    is readable; agent 0 also has a typical slip, `slip` on switching one step (message 1) in all its
+    contexts (slip = competence: it slips about half the time). Logits are tied per observation."""
+    C = instance.n_messages
+    logits = []
+    for t, route in enumerate(instance.router):
+        z = noise * rng.standard_normal((len(route), C))
+        z[:, 0] += competence
+        if t > 0:
+            for o in range(C):  # readable: write the message that brings the offset back to 0
+                z[o] = noise * rng.standard_normal(C)
+                z[o, (-o) % C] += competence
+        z[route == 0, 1] += slip
+        logits.append(z)
+    return instance.tie(logits)

@@ -1,6 +1,7 @@
 """The scaling study (docs/theory.md): how the price of stale rollouts grows with the team size n.
 
-For every n and seed: one chain team (`chain_instance`, two rounds of round-robin turns, warm-started),
+For every n and seed: one team of the chosen family (`chain_instance` or `convention_instance`, two rounds
+of round-robin turns, warm-started),
 trained from the same initial team for `stages` stages under each schedule through the shared stage loop.
 Measured exactly, per stage, then averaged over the stages:
 
@@ -8,7 +9,7 @@ Measured exactly, per stage, then averaged over the stages:
                          optimised promised vs what the update really did (joint: |sum_i L_i - dJ_stage|)
   occupancy divergence   sum_i ||rho_j^(pi^i) - rho_j^(data_i)||_1: the contexts agent j acts on after its
                          update vs the contexts it was trained on (rho_j = its d-weighted context distribution)
-  return                 J after the last stage
+  return                 J after the last stage; per n also TeamTR's minus naive's, paired by seed
   left region            stability: fraction of updates whose exact KL on the contexts the agent really
                          acts on (pi^(i-1)'s) exceeds delta; and the largest such KL / delta
 
@@ -30,16 +31,25 @@ import numpy as np
 from scipy import stats
 
 from teamtr.training.stage import ScheduleConfig, ScheduleKind, StageRecord
-from teamtr.training.theory.env import chain_instance, chain_warm_logits
+from teamtr.training.theory.env import (
+    TeamInstance,
+    chain_instance,
+    chain_warm_logits,
+    convention_instance,
+    convention_warm_logits,
+)
+from teamtr.training.theory.exact import Logits
 from teamtr.training.theory.team import TabularTeam, train
 
 SCHEDULES: tuple[ScheduleKind, ...] = ("naive", "teamtr", "joint", "importance_weighting")
+FAMILIES = ("chain", "convention")
 FITTED_METRICS = ("stale_gap", "occupancy_divergence")
 
 
 @dataclass
 class ScalingConfig:
     agents: list[int] = field(default_factory=lambda: list(range(2, 9)))  # n = 2..8, as in the paper
+    family: str = "chain"  # chain: a dominant best message per turn; convention: it depends on the team
     seeds: int = 5
     stages: int = 3  # K
     delta: float = 0.01  # per-message KL radius (the paper's default)
@@ -47,6 +57,9 @@ class ScalingConfig:
     messages: int = 3
     flavours: int = 2
     competence: float = 4.0  # warm start: logit bonus of the message that keeps the chain intact
+    conventions: int = 3  # convention family: conventions C (the offset lives in Z_C)
+    legibility: float = 0.0  # convention family: probability that a role can read the offset
+    slip: float = 4.0  # convention family: agent 0's logit bonus on switching (~half the time at 4)
     noise: float = 0.5  # std of the random initial logits
     iw_agents: int = 5  # the importance-weighting ablation's team size (paper: n = 5)
     iw_deltas: list[float] = field(default_factory=lambda: [0.01, 0.1, 0.5])
@@ -57,6 +70,8 @@ class ScalingConfig:
             raise ValueError("need at least two team sizes, each >= 2, to fit an exponent")
         if self.seeds < 1 or self.stages < 1 or self.delta <= 0 or self.rounds < 1:
             raise ValueError("seeds, stages, rounds must be >= 1 and delta > 0")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
 
 
 @dataclass
@@ -78,6 +93,18 @@ def _stage_gap(stage: StageRecord) -> float:
     return sum(abs(u.surrogate_used - u.improvement) for u in stage.updates)
 
 
+def make_team(cfg: ScalingConfig, n: int, seed: int, competence: float) -> tuple[TeamInstance, Logits]:
+    """The (n, seed) team of cfg.family and its warm start: the same for every schedule."""
+    rng = np.random.default_rng([n, seed])
+    if cfg.family == "convention":
+        instance = convention_instance(
+            n, rng, rounds=cfg.rounds, conventions=cfg.conventions, legibility=cfg.legibility
+        )
+        return instance, convention_warm_logits(instance, rng, competence, cfg.slip, cfg.noise)
+    instance = chain_instance(n, rng, rounds=cfg.rounds, n_messages=cfg.messages, flavours=cfg.flavours)
+    return instance, chain_warm_logits(instance, rng, competence, cfg.noise)
+
+
 def run_one(
     cfg: ScalingConfig,
     n: int,
@@ -86,10 +113,9 @@ def run_one(
     delta: float | None = None,
     competence: float | None = None,
 ) -> tuple[RunMetrics, list[StageRecord]]:
-    rng = np.random.default_rng([n, seed])  # the same team for every schedule
-    instance = chain_instance(n, rng, rounds=cfg.rounds, n_messages=cfg.messages, flavours=cfg.flavours)
     competence = cfg.competence if competence is None else competence
-    team = TabularTeam(instance, chain_warm_logits(instance, rng, competence, cfg.noise), delta or cfg.delta)
+    instance, logits = make_team(cfg, n, seed, competence)
+    team = TabularTeam(instance, logits, delta or cfg.delta)
     j0 = team.evaluation().J
     stages = train(team, ScheduleConfig(kind=schedule), cfg.stages, seed)
     updates = [u for s in stages for u in s.updates]
@@ -106,6 +132,16 @@ def run_one(
         max_kl_ratio=float(max(u.kl_intermediate for u in updates) / radius),
     )
     return metrics, stages
+
+
+def paired_return_gap(runs: list[RunMetrics], n: int) -> dict[str, Any]:
+    """TeamTR's final return minus naive's at team size n, paired by seed (same team, same warm start):
+    mean, 95% normal half-width, and how many seeds TeamTR is ahead in (by more than 1e-4)."""
+    naive = {r.seed: r.return_final for r in runs if r.n == n and r.schedule == "naive"}
+    diffs = np.array([r.return_final - naive[r.seed] for r in runs if r.n == n and r.schedule == "teamtr"])
+    half = float(1.96 * diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else math.nan
+    ahead = int((diffs > 1e-4).sum())
+    return {"mean": float(diffs.mean()), "ci95_half": half, "ahead": ahead, "seeds": len(diffs)}
 
 
 def fit_exponent(ns: list[float], values: list[float]) -> dict[str, Any]:
@@ -141,6 +177,7 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] | None = Non
             for key in ("stale_gap", "occupancy_divergence", "return_final", "left_region", "max_kl_ratio"):
                 row[f"{key}_{schedule}"] = float(np.mean([getattr(r, key) for r in mine]))
             row["return_initial"] = float(np.mean([r.return_initial for r in mine]))
+        row["return_gap"] = paired_return_gap(runs, n)
         table.append(row)
 
     alphas: dict[str, dict[str, Any]] = {}
@@ -160,6 +197,7 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] | None = Non
             "alpha_naive": {"stale_gap": 1.94, "occupancy_divergence": 1.91},
             "alpha_teamtr": {"stale_gap": 1.07, "occupancy_divergence": 1.05},
             "stale_gap_n8": {"naive": 1.89, "teamtr": 0.15},
+            "return_n8": {"naive": 58.7, "teamtr": 87.9},
             "ess_fraction_n5": {"2": 0.42, "5": 0.04},
         },
         "table": table,

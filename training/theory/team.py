@@ -130,7 +130,8 @@ class TabularTeam:
             data, data_kind = ctx.batch.evaluation, "fresh"
         else:
             data, data_kind = ctx.batch.evaluation, "stale"
-        step = trust_region_step(self.logits, mask, data.d, data.A, self.delta)
+        shared = self.instance.shared_advantages(data.d, data.A)  # = data.A unless contexts share a policy
+        step = trust_region_step(self.logits, mask, data.d, shared, self.delta)
         self.logits = step.logits
         after = self.evaluation()
         record = self._record(
@@ -145,7 +146,8 @@ class TabularTeam:
         steps = []
         for role in roles:
             mask = self.instance.agent_mask(self.instance.agent_index(role))
-            steps.append((role, mask, trust_region_step(batch.logits, mask, start.d, start.A, self.delta)))
+            shared = self.instance.shared_advantages(start.d, start.A)
+            steps.append((role, mask, trust_region_step(batch.logits, mask, start.d, shared, self.delta)))
         new_logits = _copy(batch.logits)
         for _role, mask, step in steps:  # agents own disjoint contexts: swap every agent's part in
             new_logits = [

@@ -133,6 +133,8 @@ FAMILY_SETTINGS: dict[str, dict] = {
     # a guess is right 1/4 of the time; each role's context is its own (its private table), so
     # nothing is packed: smaller batches, more steps
     "split": dict(max_steps=1000, batch_size=8, stop_accuracy=0.45, band=(0.35, 0.75)),
+    # the chain's sums, each role copying the earlier ones in the first role's notation: chain's defaults
+    "convention": {},
 }
 
 

@@ -5,6 +5,9 @@ It is the team `teamtr eval` runs for that family (evals/runners.py):
 - `chain`: the demo's adders; role k writes the running sum after addition k (`10+9+5`, `19+5`, `24`);
 - `split`: generic solvers, role i sees its private table; role i writes its own lookup of the symbol
   the previous role wrote (the hand-off), the last role's lookup is the answer;
+- `convention`: generic solvers; role i writes the partial sums so far in the instance's demonstrated
+  notation (`ConventionChain.demonstration`); the other notation is right too while the transcript
+  reads the same in both (always for role 1);
 - every other family: generic solvers with the family's short system prompt; every role writes the
   family's reference answer (`family.demonstration`) on the correct transcript so far, so role 1 solves
   the task and the later roles learn to check / pass on the answer.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from teamtr.evals.tasks import get_task
 from teamtr.evals.tasks.chain import ChainArithmetic
+from teamtr.evals.tasks.convention import ConventionChain
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
@@ -71,6 +75,19 @@ class ChainTeam(WarmTeam):
         return max(len(inst.prompt.replace("+", self.separator)) for inst in instances) + 1
 
 
+class ConventionTeam(WarmTeam):
+    """Generic solvers on `convention`: a message is right in the demonstrated notation, or in the other
+    one while nothing written so far tells them apart (role 1, or every earlier sum one digit long)."""
+
+    def message_ok(self, instance: TaskInstance, index: int, message: str) -> bool:
+        if message == self.demonstration(instance, index):
+            return True
+        undecided = index == 0 or ConventionChain.alternative(instance, index - 1) == self.demonstration(
+            instance, index - 1
+        )
+        return undecided and message == ConventionChain.alternative(instance, index)
+
+
 def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
     """The task family and the team that `cfg` trains (the team `teamtr eval` runs for that family)."""
     if cfg.task == "chain":
@@ -79,6 +96,8 @@ def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
     from teamtr.evals.runners import default_roles
 
     family = get_task(cfg.task, **cfg.task_options)
+    if cfg.task == "convention":
+        return family, ConventionTeam(family, default_roles(cfg.task, cfg.steps))
     return family, WarmTeam(family, default_roles(cfg.task, cfg.steps))
 
 

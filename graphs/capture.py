@@ -1,0 +1,406 @@
+"""Capture any LangGraph graph's episode as one `Trajectory` (graphs/trajectory.py).
+
+`run_episode(graph, task, ...)` invokes a compiled graph once with an `EpisodeCapture` among the
+invocation's callbacks. LangGraph hands an invocation's callbacks to every node, to subgraphs and to
+`Send` branches, so every chat-model call made while the invocation runs reports to that one capture,
+and concurrent invocations (each with its own capture) never mix. Each call becomes a `Turn`, in the
+order the calls started:
+
+- an `EngineChatModel` call (graphs/chat_model.py): the prompt ids the engine saw, the completion ids it
+  sampled, their behaviour log-probs, role, adapter, adapter version and base, exactly as sampled;
+- any other chat model's call (e.g. `ChatOpenAI`): its text only, with a `ForeignModelWarning`.
+
+A node that passes callbacks of its own to a call replaces the inherited ones; an `EngineChatModel` then
+reports the call to the episode itself (through a context variable `run_episode` sets), so its turn is
+still recorded; a foreign model's call made that way is out of the capture's sight.
+Every turn also records the LangGraph node that made it ("outer/inner" inside a subgraph) and its step.
+The capture is also where an `EngineChatModel` finds the episode's pinned adapter versions
+(`adapter_pins`, role -> (engine adapter, version)) and its per-call seeds (`derive_seed(seed, k)` for
+the k-th call), so graph code passes neither.
+
+The reward comes from a user function `reward(task, final_state) -> float` or a TaskFamily verifier on
+the final answer (`read_output(final_state)`: by default the last AI message of LangGraph's
+`MessagesState` convention, `{"messages": [...]}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, LLMResult
+from langgraph.errors import GraphRecursionError
+
+from teamtr.graphs.chat_model import METADATA_KEY, active_episode, turn_from_reply
+from teamtr.graphs.engine import DEFAULT_BASE
+from teamtr.graphs.task import TaskInstance
+from teamtr.graphs.trajectory import Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[[TaskInstance, Any], float]  # (task, final state) -> reward
+
+
+class ForeignModelWarning(UserWarning):
+    """A chat model that is not teamtr's made a call: its turn is recorded as text only."""
+
+
+class EpisodeError(RuntimeError):
+    """An episode could not become a trajectory; the message names the graph, the task and the cause."""
+
+
+class EpisodeLimitError(EpisodeError):
+    """An episode ran past its recursion limit (a loop that never ends, or a limit set too low)."""
+
+
+class RewardError(EpisodeError):
+    """The reward function raised or returned a number that is not finite."""
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 63-bit seed from any parts (Python's hash() is salted per process)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class _Call:
+    index: int
+    node: str | None
+    step: int | None
+    meta: dict[str, Any]
+    model_name: str
+    turn: Turn | None = None
+    failed: bool = False
+
+
+def _node_path(metadata: Mapping[str, Any]) -> str | None:
+    """'outer/inner' from LangGraph's checkpoint namespace ('outer:<id>|inner:<id>'), else the node."""
+    ns = metadata.get("langgraph_checkpoint_ns") or ""
+    parts = [p.split(":", 1)[0] for p in ns.split("|") if p]
+    if parts:
+        return "/".join(parts)
+    return metadata.get("langgraph_node")
+
+
+def _model_name(serialized: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> str:
+    ids = (serialized or {}).get("id")
+    if isinstance(ids, list) and ids:
+        return str(ids[-1])
+    return str((kwargs.get("invocation_params") or {}).get("_type", "unknown chat model"))
+
+
+class EpisodeCapture(BaseCallbackHandler):
+    """Collects one invocation's LLM calls as turns; give a fresh one to every invocation.
+
+    Runs inline on the event loop (no thread hop), so a call's turn slot is taken the moment it starts.
+    """
+
+    is_teamtr_episode = True  # how EngineChatModel finds it among a call's handlers
+    run_inline = True
+    raise_error = True  # a bug here must not drop turns silently
+
+    def __init__(
+        self, seed: int | None = None, adapter_pins: Mapping[str, tuple[str, int]] | None = None
+    ) -> None:
+        self.seed = seed
+        self.adapter_pins = dict(adapter_pins or {})
+        self._calls: dict[UUID, _Call] = {}
+        self._order: list[_Call] = []
+
+    # ---- what EngineChatModel asks ------------------------------------------------------------------
+
+    def pin(self, role: str | None) -> tuple[str, int] | None:
+        """(engine adapter, version) this episode samples role `role` with, if pinned."""
+        return self.adapter_pins.get(role) if role is not None else None
+
+    def call_seed(self, run_id: UUID) -> int | None:
+        """The sampling seed of the call `run_id`: derived from the episode seed and the call's index."""
+        call = self._calls.get(run_id)
+        if self.seed is None or call is None:
+            return None
+        return derive_seed(self.seed, call.index)
+
+    # ---- callbacks ----------------------------------------------------------------------------------
+
+    def _start(self, serialized: Any, run_id: UUID, metadata: Mapping[str, Any] | None, kwargs: Any) -> None:
+        meta = dict(metadata or {})
+        call = _Call(
+            index=len(self._order),
+            node=_node_path(meta),
+            step=meta.get("langgraph_step"),
+            meta=meta,
+            model_name=_model_name(serialized, kwargs),
+        )
+        self._calls[run_id] = call
+        self._order.append(call)
+
+    def on_chat_model_start(
+        self, serialized: Any, messages: Any, *, run_id: UUID, metadata: dict | None = None, **kwargs: Any
+    ) -> None:
+        self._start(serialized, run_id, metadata, kwargs)
+
+    def on_llm_start(
+        self, serialized: Any, prompts: Any, *, run_id: UUID, metadata: dict | None = None, **kwargs: Any
+    ) -> None:
+        self._start(serialized, run_id, metadata, kwargs)
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        call = self._calls.get(run_id)
+        if call is None:
+            return
+        gen = response.generations[0][0]
+        message = gen.message if isinstance(gen, ChatGeneration) else AIMessage(gen.text)
+        engine_meta = message.response_metadata.get(METADATA_KEY)
+        role = (engine_meta or {}).get("role") or call.meta.get("teamtr_role") or call.node or "unknown"
+        if engine_meta is None:
+            text = (
+                f"chat model {call.model_name} called in node {call.node!r} (role {role!r}) is not a teamtr "
+                "EngineChatModel: its turn is recorded as text only (no token ids or log-probs to train on)"
+            )
+            warnings.warn(text, ForeignModelWarning, stacklevel=2)
+            log.warning(text)
+        call.turn = turn_from_reply(
+            message,
+            role,
+            call.meta.get("teamtr_adapter"),
+            call.meta.get("teamtr_base_model") or DEFAULT_BASE,
+            node=call.node,
+            step=call.step,
+        )
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        call = self._calls.get(run_id)
+        if call is not None:
+            call.failed = True
+
+    # ---- the result ---------------------------------------------------------------------------------
+
+    @property
+    def calls_started(self) -> int:
+        return len(self._order)
+
+    def turns(self) -> list[Turn]:
+        """Every finished call's turn, in the order the calls started (failed calls have none)."""
+        return [c.turn for c in self._order if c.turn is not None]
+
+    def last_node(self) -> str | None:
+        return self._order[-1].node if self._order else None
+
+
+# ---- input / output conventions ---------------------------------------------------------------------
+
+
+def messages_input(task: TaskInstance) -> dict[str, Any]:
+    """LangGraph's `MessagesState` convention: the task as the first human message."""
+    return {"messages": [HumanMessage(task.prompt)]}
+
+
+def last_ai_text(state: Any) -> str | None:
+    """The text of the last AI message in `state["messages"]` (None if there is none)."""
+    messages = state.get("messages", []) if isinstance(state, Mapping) else []
+    for m in reversed(messages):
+        if isinstance(m, BaseMessage) and m.type == "ai":
+            return m.text if isinstance(m.text, str) else str(m.content)
+    return None
+
+
+def _fn_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def episode_reward(
+    task: TaskInstance,
+    state: Any,
+    final: str | None,
+    reward: RewardFn | None,
+    verifier: Any | None,
+) -> float:
+    """`reward(task, state)` if given, else the verifier on the final answer, else 0; always finite."""
+    if reward is None and verifier is None:
+        return 0.0
+    where = f"reward function {_fn_name(reward)}" if reward is not None else f"verifier {verifier!r}"
+    try:
+        value = reward(task, state) if reward is not None else verifier.verify(task, final or "")
+        value = float(value)
+    except Exception as e:
+        raise RewardError(f"{where} failed on task {task.id!r}: {type(e).__name__}: {e}") from e
+    if not math.isfinite(value):
+        raise RewardError(f"{where} returned {value} on task {task.id!r}: a reward must be a finite number")
+    return value
+
+
+def _with_capture(config: Mapping[str, Any] | None, capture: EpisodeCapture) -> dict[str, Any]:
+    cfg = dict(config or {})
+    callbacks = cfg.get("callbacks")
+    if callbacks is None:
+        cfg["callbacks"] = [capture]
+    elif isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(capture, inherit=True)
+        cfg["callbacks"] = manager
+    else:
+        cfg["callbacks"] = [*callbacks, capture]
+    return cfg
+
+
+async def run_episode(
+    graph: Any,
+    task: TaskInstance | str,
+    *,
+    name: str = "graph",
+    reward: RewardFn | None = None,
+    verifier: Any | None = None,
+    seed: int | None = None,
+    adapter_pins: Mapping[str, tuple[str, int]] | None = None,
+    group_id: str = "",
+    config: Mapping[str, Any] | None = None,
+    make_input: Callable[[TaskInstance], Any] = messages_input,
+    read_output: Callable[[Any], str | None] = last_ai_text,
+    recursion_limit: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Trajectory:
+    """One invocation of `graph` (anything with LangGraph's `ainvoke`) -> one `Trajectory`.
+
+    adapter_pins: role -> (engine adapter, version) for the whole episode; default: the config's
+        `configurable["adapter_pins"]`. `seed` and the pins are also put in `configurable` for nodes
+        that want them.
+    metadata: the trajectory's metadata (default `{"graph": name, "seed": seed}`).
+    """
+    instance = task if isinstance(task, TaskInstance) else TaskInstance(id="adhoc", prompt=task, answer=None)
+    cfg = dict(config or {})
+    configurable = dict(cfg.get("configurable") or {})
+    pins = dict(adapter_pins if adapter_pins is not None else configurable.get("adapter_pins") or {})
+    cfg["configurable"] = {**configurable, "seed": seed, "adapter_pins": pins}
+    if recursion_limit is not None:
+        cfg.setdefault("recursion_limit", recursion_limit)
+    capture = EpisodeCapture(seed=seed, adapter_pins=pins)
+    token = active_episode.set(capture)
+    try:
+        state = await graph.ainvoke(make_input(instance), config=_with_capture(cfg, capture))
+    except GraphRecursionError as e:
+        limit = cfg.get("recursion_limit", "LangGraph's default")
+        raise EpisodeLimitError(
+            f"graph {name!r}, task {instance.id!r}: the episode exceeded its recursion limit ({limit} steps) "
+            f"after {capture.calls_started} LLM calls, the last in node {capture.last_node()!r}; a loop that "
+            "never ends? Add a turn guard to its conditional edge or raise recursion_limit"
+        ) from e
+    finally:
+        active_episode.reset(token)
+    final = read_output(state)
+    return Trajectory(
+        task_id=instance.id,
+        group_id=group_id or instance.id,
+        turns=capture.turns(),
+        reward=episode_reward(instance, state, final, reward, verifier),
+        final_answer=final,
+        metadata=dict(metadata) if metadata is not None else {"graph": name, "seed": seed},
+    )
+
+
+async def gather_episodes(
+    run_one: Callable[[TaskInstance, int | None], Awaitable[Trajectory]],
+    tasks: Sequence[TaskInstance],
+    *,
+    group_size: int = 1,
+    seed: int | None = None,
+    max_concurrency: int | None = None,
+) -> list[Trajectory]:
+    """`group_size` episodes per task, all in flight at once (the engine batches their calls).
+
+    `run_one(task, episode_seed)` runs one episode. Trajectories come back grouped by task, in task
+    order; the episode seeds are `derive_seed(seed, task index, member)`, so seeded runs reproduce."""
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+
+    async def one(i: int, g: int) -> Trajectory:
+        async with gate:
+            return await run_one(tasks[i], None if seed is None else derive_seed(seed, i, g))
+
+    return list(await asyncio.gather(*(one(i, g) for i in range(len(tasks)) for g in range(group_size))))
+
+
+class EpisodeRunner:
+    """`rollout` and `run` over a class's own `arun` (one episode): shared by `GraphTeam` and
+    graphs/team.py `Team`, which differ only in how one episode goes in and out of their graph."""
+
+    async def arun(self, task: TaskInstance, **options: Any) -> Trajectory:
+        raise NotImplementedError
+
+    async def rollout(
+        self,
+        tasks: Sequence[TaskInstance],
+        *,
+        group_size: int = 1,
+        verifier: Any | None = None,
+        seed: int | None = None,
+        adapter_pins: Mapping[str, tuple[str, int]] | None = None,
+        max_concurrency: int | None = None,
+    ) -> list[Trajectory]:
+        """`group_size` episodes per task, all in flight at once (the engine batches their turns).
+
+        Trajectories come back grouped by task, in task order; seeded runs are reproducible."""
+
+        async def one(task: TaskInstance, ep_seed: int | None) -> Trajectory:
+            return await self.arun(task, verifier=verifier, seed=ep_seed, adapter_pins=adapter_pins)
+
+        return await gather_episodes(
+            one, tasks, group_size=group_size, seed=seed, max_concurrency=max_concurrency
+        )
+
+    def run(self, tasks: Sequence[TaskInstance], **kwargs: Any) -> list[Trajectory]:
+        """Synchronous `rollout` for scripts and notebooks without an event loop."""
+        return asyncio.run(self.rollout(tasks, **kwargs))
+
+
+@dataclass
+class GraphTeam(EpisodeRunner):
+    """A user's compiled graph as a team: `arun` / `rollout` / `run`, the same calls as graphs/team.py `Team`.
+
+    graph: the compiled graph (its nodes call `RoleModels.model(name)`, graphs/role_models.py).
+    roles: the role names it may call (reports and the trainer's update order; not enforced here).
+    """
+
+    graph: Any
+    name: str = "graph"
+    roles: Sequence[str] = ()
+    reward: RewardFn | None = None
+    make_input: Callable[[TaskInstance], Any] = messages_input
+    read_output: Callable[[Any], str | None] = last_ai_text
+    recursion_limit: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    async def arun(
+        self,
+        task: TaskInstance | str,
+        *,
+        verifier: Any | None = None,
+        seed: int | None = None,
+        adapter_pins: Mapping[str, tuple[str, int]] | None = None,
+        group_id: str = "",
+        config: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        return await run_episode(
+            self.graph,
+            task,
+            name=self.name,
+            reward=self.reward,
+            verifier=verifier,
+            seed=seed,
+            adapter_pins=adapter_pins,
+            group_id=group_id,
+            config={**self.config, **(config or {})},
+            make_input=self.make_input,
+            read_output=self.read_output,
+            recursion_limit=self.recursion_limit,
+        )
+
