@@ -17,6 +17,7 @@ import pytest
 from serving_fixtures import serve_in_background
 from test_training_trainer import small_config, tiny_model, train  # noqa: F401  (registers the test task)
 
+from teamtr.cli.eval import load_eval_team
 from teamtr.cli.server import ServeConfig, ServedTeamConfig, served_team
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.serving.embedded import EmbeddedEngine
@@ -47,6 +48,9 @@ def test_a_run_trains_and_serves_with_its_configured_router(tiny_model, tmp_path
     trajectories = [t for path in batches for t in load_jsonl(path)]
     assert trajectories
     assert all([turn.role for turn in t.turns] == REVERSED for t in trajectories)
+
+    # `teamtr eval RUN_DIR` builds its teams with the run's router too
+    assert load_eval_team(str(tmp_path / "run"), "test-digit-start").team_options == {"router": reversed_chain}
 
     config = ServeConfig.from_run_dir(tmp_path / "run", "chain")  # no router given: the run's
     served = []
