@@ -138,7 +138,9 @@ def served_roles(spec: ServedTeamConfig, run: RunDir | None) -> list[Role]:
     return roles if spec.temperature is None else with_temperature(roles, spec.temperature)
 
 
-def served_team(name: str, spec: ServedTeamConfig, run: RunDir | None, roles: list[Role], engine: Any) -> Team:
+def served_team(
+    name: str, spec: ServedTeamConfig, run: RunDir | None, roles: list[Role], engine: Any
+) -> Team:
     """The team taking turns by the spec's router, else the run's (training/run_dir.py `build_team`)."""
     team_cfg = run.config.team if run is not None else TeamConfig()
     update = {k: v for k, v in (("router", spec.router), ("max_turns", spec.max_turns)) if v is not None}

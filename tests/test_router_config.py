@@ -50,7 +50,8 @@ def test_a_run_trains_and_serves_with_its_configured_router(tiny_model, tmp_path
     assert all([turn.role for turn in t.turns] == REVERSED for t in trajectories)
 
     # `teamtr eval RUN_DIR` builds its teams with the run's router too
-    assert load_eval_team(str(tmp_path / "run"), "test-digit-start").team_options == {"router": reversed_chain}
+    eval_team = load_eval_team(str(tmp_path / "run"), "test-digit-start")
+    assert eval_team.team_options == {"router": reversed_chain}
 
     config = ServeConfig.from_run_dir(tmp_path / "run", "chain")  # no router given: the run's
     served = []

@@ -135,8 +135,8 @@ def build_team(
     options: dict[str, Any] | None = None,
 ) -> Team:
     """The run's team on `engine`: `roles` (at `temperature` unless None), taking turns as the config says
-    (`options`: team_options(team_cfg), computed once by a caller that builds many). A router that does not fit
-    the roles (no declared destinations, an unknown role) is one RunDirError line."""
+    (`options`: team_options(team_cfg), computed once by a caller that builds many). A router that does
+    not fit the roles (no declared destinations, an unknown role) is one RunDirError line."""
     if temperature is not None:
         roles = with_temperature(roles, temperature)
     options = team_options(team_cfg) if options is None else options
@@ -229,7 +229,7 @@ class RunDir:
     def team(
         self, roles: list[Role], engine: Any, *, temperature: float | None = None, name: str = "team"
     ) -> Team:
-        """A team of `roles` on `engine` taking turns by the run's router (training/run_dir.py `build_team`)."""
+        """A team of `roles` on `engine` taking turns by the run's router (`build_team`)."""
         return build_team(
             self.config.team, roles, engine, temperature=temperature, name=name, options=self.team_options
         )
