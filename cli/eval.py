@@ -12,7 +12,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -36,6 +36,7 @@ class EvalTeam:
     source: str
     bases: dict[str, str] = field(default_factory=dict)  # base name -> model directory
     adapters: dict[str, Path] = field(default_factory=dict)  # adapter -> the saved version loaded
+    team_options: dict[str, Any] = field(default_factory=dict)  # a run's router / max_turns (RunDir)
 
 
 def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None = 1) -> EvalTeam:
@@ -52,7 +53,8 @@ def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None
     if (path / "config.yaml").is_file():
         run = RunDir(path)
         adapters = {a: d for a, (_, d) in run.latest_adapters().items()}
-        return EvalTeam(run.engine(threads=threads), run.roles, f"run {path}", run.base_paths(), adapters)
+        engine = run.engine(threads=threads)
+        return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)
     if (path / "config.json").is_file():
         return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
     raise FileNotFoundError(
@@ -181,7 +183,13 @@ def eval_command(
         from teamtr.evals.runners import EngineRunners
 
         runners = EngineRunners(
-            team.engine, team.roles, family, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed
+            team.engine,
+            team.roles,
+            family,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            team_options=team.team_options,
         )
         team_runner = runners.team()
     result = evaluate(family, instances, team_runner, k, batch_size, show_progress, seed)

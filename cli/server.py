@@ -37,7 +37,8 @@ from teamtr.serving.app import ServedTeam, ServeSettings, TeamPolicy, create_app
 from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider
-from teamtr.training.run_dir import RunDir, roles_from_factory, with_bases
+from teamtr.training.config import TeamConfig
+from teamtr.training.run_dir import RunDir, RunDirError, build_team, roles_from_factory, with_bases
 
 CHAIN_ROLES = "teamtr.graphs.chain_team:chain_roles"  # a served team without roles or run: the demo team
 
@@ -50,6 +51,10 @@ class ServedTeamConfig(BaseModel):
     # `module:function` returning list[Role]; None: the run's roles (run_dir), else the chain demo team
     roles: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of that function
+    # `module:function`: who speaks next (graphs/team.py routers); None: the run's team.router, else
+    # round-robin. max_turns likewise (None: the run's, else graphs/team.py's default)
+    router: str | None = None
+    max_turns: int | None = Field(None, ge=1)
     role_bases: dict[str, str] = Field(default_factory=dict)  # role -> base model name (over the run's)
     run_dir: str | None = None  # a training run: the newest adapters/<adapter>/v<N>/ of each role is served
     adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
@@ -131,6 +136,18 @@ def served_roles(spec: ServedTeamConfig, run: RunDir | None) -> list[Role]:
             roles = with_bases(roles, {k: v for k, v in run.config.team.role_bases.items() if k in names})
     roles = with_bases(roles, spec.role_bases)
     return roles if spec.temperature is None else with_temperature(roles, spec.temperature)
+
+
+def served_team(
+    name: str, spec: ServedTeamConfig, run: RunDir | None, roles: list[Role], engine: Any
+) -> Team:
+    """The team taking turns by the spec's router, else the run's (training/run_dir.py `build_team`)."""
+    team_cfg = run.config.team if run is not None else TeamConfig()
+    update = {k: v for k, v in (("router", spec.router), ("max_turns", spec.max_turns)) if v is not None}
+    try:
+        return build_team(team_cfg.model_copy(update=update), roles, engine, name=name)
+    except RunDirError as e:
+        raise RunDirError(f"team {name!r}: {e}") from None
 
 
 def model_dir(config: ServeConfig) -> Path:
@@ -233,7 +250,7 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
             else:
                 version, path = saved[role.adapter]
                 await registry.push(role.adapter, path, version, base=role.base_model)
-        team = Team.from_engine(roles, engine, name=name)
+        team = served_team(name, spec, run, roles, engine)
         teams[name] = ServedTeam(team, {r.name: r.adapter for r in roles if r.adapter is not None})
     tracer = None
     t = config.tracing

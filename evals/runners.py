@@ -86,8 +86,10 @@ class EngineRunners:
         temperature: float = 1.0,
         max_new_tokens: int = 32,
         seed: int = 0,
+        team_options: dict[str, Any] | None = None,
     ) -> None:
         self.engine, self.roles, self.family, self.seed = engine, roles, family, seed
+        self.team_options = team_options or {}  # Team keyword arguments: a run's router / max_turns
         self.loop = asyncio.new_event_loop()
         self.sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
         self.calls = 0
@@ -125,7 +127,12 @@ class EngineRunners:
     def team(self) -> Runner:
         def run(instances: Sequence[TaskInstance], samples: int) -> list[list[Episode]]:
             teams = [
-                (Team.from_engine(self._roles_for(inst), self.engine, name=self.family.name), inst)
+                (
+                    Team.from_engine(
+                        self._roles_for(inst), self.engine, name=self.family.name, **self.team_options
+                    ),
+                    inst,
+                )
                 for inst in instances
             ]
             return self._episodes(teams, samples)

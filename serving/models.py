@@ -60,7 +60,7 @@ class ResolvedModel:
 
 
 def cache_root() -> Path:
-    """`$TEAMTR_CACHE`, else the platform's user cache directory for teamtr (as training/warmstart.py)."""
+    """`$TEAMTR_CACHE`, else the platform's user cache directory for teamtr (models, warm starts)."""
     env = os.environ.get("TEAMTR_CACHE")
     if env:
         return Path(env)

@@ -11,6 +11,7 @@ import openai
 import pytest
 import yaml
 from langchain_openai import ChatOpenAI
+from serve_process import serve_process
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
 from teamtr.cli.server import ServeConfig
@@ -263,50 +264,12 @@ def test_feedback_needs_a_known_conversation(served, client):
 
 def test_teamtr_serve_command_serves_a_run_directory(tiny_model_dir, tmp_path):
     """The real command line: `teamtr serve RUN_DIR` in its own process, then a plain openai client."""
-    import os
-    import subprocess
-    import sys
-    import time
-
-    from teamtr.serving.vllm_server import free_port
-
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
-    port = free_port()
-    env = {**os.environ, "TEAMTR_API_KEYS": "sk-cli"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "teamtr.cli.main",
-            "serve",
-            str(run),
-            "--port",
-            str(port),
-            "--team-name",
-            "chain",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "teamtr serve did not become healthy"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+    with serve_process(str(run), "--team-name", "chain", env={"TEAMTR_API_KEYS": "sk-cli"}) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-cli", max_retries=0)
         reply = client.chat.completions.create(model="chain", messages=[{"role": "user", "content": TASK}])
         assert len(reply.model_extra["teamtr"]["turns"]) == 3
         assert (run / "traces.db").is_file()  # the span store is on by default, in the run directory
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def test_a_config_file_serves_several_teams_on_one_engine(tiny_model_dir, tmp_path):

@@ -34,12 +34,18 @@ class TaskConfig(_Strict):
 
 
 class TeamConfig(_Strict):
-    """The team being trained: a factory `module:function` returning the list of `Role`s (router:
-    round-robin in role order, as in graphs/team.py), and the base model every role's adapter sits on."""
+    """The team being trained: a factory `module:function` returning the list of `Role`s, who speaks when
+    (`router`: round-robin in role order by default, as in graphs/team.py), and the base model every
+    role's adapter sits on."""
 
     # `module:function` returning list[Role]; None = the task's own team: the chain adders for `chain`,
     # else three generic solvers with the family's system prompt (the team `teamtr warmstart` trains)
     roles: str | None = None
+    # `module:function`: a router of graphs/team.py (a function of the team state returning the next role
+    # or END, declaring its destinations by a `Literal[...]` return annotation); None = round-robin. The
+    # run's rollouts, evaluations, swap and `teamtr serve RUN_DIR` all take turns by it (training/run_dir.py)
+    router: str | None = None
+    max_turns: int | None = Field(None, ge=1)  # episode length guard; None = graphs/team.py's default
     model: str | None = None  # base model directory; None = the task's cached warm-started model
     # heterogeneous teams: more base models (name -> directory) beside `model` (which is named "base"),
     # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)

@@ -16,8 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.graphs.roles import with_temperature
-from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.team import derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
 from teamtr.training.progress import RichCallbacks, TrainingProgress, progress_bars
@@ -46,7 +45,7 @@ def final_accuracy(engine: EmbeddedEngine, run: RunDir) -> dict[str, Any]:
     cfg = run.config
     task = run.task()
     tasks = task.generate(cfg.eval.final_episodes, seed=cfg.task.eval_seed)
-    team = Team.from_engine(with_temperature(run.roles, cfg.eval.temperature), engine, name="eval")
+    team = run.team(run.roles, engine, temperature=cfg.eval.temperature, name="eval")
     return held_out_return(team, task, tasks, seed=derive_seed(cfg.seed, "final-eval"))
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from teamtr.graphs.roles import Role, with_temperature
+from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
-from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.certificate import CertificateTerm
@@ -40,6 +40,7 @@ from teamtr.training.metrics import MetricsLog
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
+from teamtr.training.run_dir import build_team
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, teamtr_step
 
@@ -91,7 +92,7 @@ class LLMStageTeam:
         self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
         self.run_dir, self.progress = run_dir, progress
         self.roles = {r.name: r for r in roles}
-        self.team = Team.from_engine(with_temperature(roles, cfg.rollout.temperature), engine, name="train")
+        self.team = build_team(cfg.team, roles, engine, temperature=cfg.rollout.temperature, name="train")
         self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
         for r in roles:
             params = engine.adapter_parameters(r.adapter, r.base_model)

@@ -12,6 +12,7 @@ whose role and adapter names differ is saved and served under the same name.
     run = RunDir("runs/demo/run")          # FileNotFoundError / RunDirError if it is not a readable run
     run.roles, run.task(), run.model_path(), run.latest_adapters()
     engine = run.engine()                  # every role's newest adapter loaded on its own base model
+    team = run.team(run.roles, engine, temperature=0.0, name="eval")   # taking turns by team.router
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import yaml
 from pydantic import ValidationError
 
 from teamtr.graphs.engine import DEFAULT_BASE
-from teamtr.graphs.roles import Role
+from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.task import TaskFamily
+from teamtr.graphs.team import Team, TeamError, load_router
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
 from teamtr.training.checkpoint import adapter_dir
-from teamtr.training.config import TrainConfig
+from teamtr.training.config import TeamConfig, TrainConfig
 
 CONFIG_FILE = "config.yaml"
 
@@ -108,6 +110,44 @@ def team_roles(cfg: TrainConfig) -> list[Role]:
     return with_bases(roles, cfg.team.role_bases)
 
 
+def team_options(team: TeamConfig) -> dict[str, Any]:
+    """`Team` keyword arguments of the config's turn-taking (team.router, team.max_turns); {} when it names
+    neither: round-robin. Every team of a run is built with them (`build_team`), so rollouts, evaluations,
+    swap and serving take turns alike."""
+    options: dict[str, Any] = {}
+    if team.router is not None:
+        try:
+            options["router"] = load_router(team.router)
+        except TeamError as e:
+            raise RunDirError(f"team.router: {e}") from None
+    if team.max_turns is not None:
+        options["max_turns"] = team.max_turns
+    return options
+
+
+def build_team(
+    team_cfg: TeamConfig,
+    roles: list[Role],
+    engine: Any,
+    *,
+    temperature: float | None = None,
+    name: str = "team",
+    options: dict[str, Any] | None = None,
+) -> Team:
+    """The run's team on `engine`: `roles` (at `temperature` unless None), taking turns as the config says
+    (`options`: team_options(team_cfg), computed once by a caller that builds many). A router that does
+    not fit the roles (no declared destinations, an unknown role) is one RunDirError line."""
+    if temperature is not None:
+        roles = with_temperature(roles, temperature)
+    options = team_options(team_cfg) if options is None else options
+    try:
+        return Team.from_engine(roles, engine, name=name, **options)
+    except TeamError as e:
+        if "router" not in options:
+            raise
+        raise RunDirError(f"team.router {team_cfg.router!r}: {e}") from None
+
+
 def lora_settings(cfg: TrainConfig) -> LoraSettings:
     lora = LoraSettings(r=cfg.team.lora_rank, alpha=cfg.team.lora_alpha)
     if cfg.team.lora_targets:
@@ -148,6 +188,10 @@ class RunDir:
                 f"{self.path / CONFIG_FILE}: task.name: unknown task {self.config.task.name!r}; "
                 f"known: {', '.join(task_names())}"
             )
+        try:  # a router that cannot be imported fails when the run is opened, not at its first episode
+            self.team_options = team_options(self.config.team)
+        except RunDirError as e:
+            raise RunDirError(f"{self.path / CONFIG_FILE}: {e}") from None
 
     @classmethod
     def create(cls, cfg: TrainConfig) -> RunDir:
@@ -180,6 +224,14 @@ class RunDir:
                 return r
         raise RunDirError(
             f"{self.path}: unknown role {name!r}; the team's roles are {[r.name for r in self.roles]}"
+        )
+
+    def team(
+        self, roles: list[Role], engine: Any, *, temperature: float | None = None, name: str = "team"
+    ) -> Team:
+        """A team of `roles` on `engine` taking turns by the run's router (`build_team`)."""
+        return build_team(
+            self.config.team, roles, engine, temperature=temperature, name=name, options=self.team_options
         )
 
     def task(self) -> TaskFamily:

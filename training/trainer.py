@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from teamtr.graphs.roles import Role, with_temperature
+from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
@@ -43,7 +43,7 @@ from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
-from teamtr.training.run_dir import RunDir, model_path
+from teamtr.training.run_dir import RunDir, build_team, model_path
 from teamtr.training.stage import run_stage
 
 
@@ -144,7 +144,7 @@ class Trainer:
     ) -> Callable[[str], dict[str, Any]]:
         """label -> held-out return on the same eval.stage_episodes tasks every time (greedy by default)."""
         cfg = self.cfg
-        eval_team = Team.from_engine(with_temperature(roles, cfg.eval.temperature), engine, name="eval")
+        eval_team = build_team(cfg.team, roles, engine, temperature=cfg.eval.temperature, name="eval")
         tasks = (
             task.generate(cfg.eval.stage_episodes, seed=cfg.task.eval_seed) if cfg.eval.stage_episodes else []
         )

@@ -24,7 +24,7 @@ import torch
 
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role, with_temperature
-from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.team import derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.certificate import certificate_constant
 from teamtr.training.checkpoint import (
@@ -138,7 +138,7 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, progress: SwapProgress | Non
 
     def team_return(rs: list[Role]) -> dict[str, Any]:
         return held_out_return(
-            Team.from_engine(with_temperature(rs, train_cfg.eval.temperature), engine),
+            run.team(rs, engine, temperature=train_cfg.eval.temperature),
             task,
             eval_tasks,
             eval_seed,
@@ -150,7 +150,7 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, progress: SwapProgress | Non
     # 1. PROBES from the current team's episodes, 2. STAGE-0
     rollout_roles = with_temperature(roles, train_cfg.rollout.temperature)
     probes = build_probes(
-        Team.from_engine(rollout_roles, engine, name="probes"),
+        run.team(rollout_roles, engine, name="probes"),
         role,
         task,
         cfg.probes,

@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from teamtr.serving.models import cache_root
 from teamtr.training.warmstart.build import build_warm_model
 from teamtr.training.warmstart.config import WarmStartConfig
 from teamtr.training.warmstart.report import REPORT_FILE, load_report, sha256, write_report
-
-
-def cache_root() -> Path:
-    """`$TEAMTR_CACHE`, else the platform's user cache directory for teamtr."""
-    env = os.environ.get("TEAMTR_CACHE")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("teamtr"))
 
 
 def is_complete(path: Path) -> bool:
