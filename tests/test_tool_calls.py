@@ -389,3 +389,89 @@ def test_the_solver_turn_alone_is_trained_on(tmp_path):
     msgs = messages_of_role(batch, "solver", adv)
     assert msgs.prompts == [[5, 6, 7, 8]] and msgs.completions == [[9, 10]]
     assert msgs.mask.tolist() == [[1.0, 1.0]]
+
+
+# ---- a model that really calls a tool ---------------------------------------------------------------
+
+
+def _taught_model(out_dir, template: str, examples: list[tuple[list[int], str]], steps: int = 300):
+    """A tiny Llama fine-tuned until greedy decoding writes each example's completion after its prompt."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from teamtr.training.tiny_models import build_char_tokenizer, tiny_llama_config
+
+    torch.manual_seed(0)
+    tok = build_char_tokenizer()
+    tok.chat_template = template
+    config = tiny_llama_config(len(tok), hidden=64, layers=2, heads=2)
+    config.max_position_embeddings = 1024
+    model = LlamaForCausalLM(config)
+    rows = []
+    for prompt, completion in examples:
+        target = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows.append((torch.tensor([prompt + target]), len(prompt)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = 0.0
+        for ids, n in rows:
+            labels = ids.clone()
+            labels[0, :n] = -100  # the completion only, as in training
+            loss = loss + model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.02 * len(rows):  # greedy decoding reproduces the targets well before this
+            break
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.mark.parametrize("template", ["native", "text"])
+def test_the_engine_model_calls_a_tool_and_reads_its_result(tmp_path, template):
+    """model -> tools_condition -> ToolNode -> model with an embedded engine whose model was taught to
+    call `add` and then answer: the completion's call is parsed into tool_calls, ToolNode runs it, the
+    second turn's prompt holds the result rendered by the template, and both turns record it."""
+    from teamtr.graphs.chat_format import render_prompt_ids
+    from teamtr.graphs.tool_calls import call_id
+    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.training.tiny_models import build_char_tokenizer
+
+    chat_template = CHATML_TOOLS if template == "native" else CHATML
+    tok = build_char_tokenizer()
+    tok.chat_template = chat_template
+    tools = tool_dicts()
+    question = [HumanMessage("2+3?")]
+    called = [*question, AIMessage("", tool_calls=[tool_call(name="add", args={"a": 2, "b": 3}, id="c")]),
+              ToolMessage("5", tool_call_id="c", name="add")]
+    call_text = format_tool_call("add", {"a": 2, "b": 3})
+    first, second = render_prompt_ids(tok, question, tools=tools), render_prompt_ids(tok, called, tools=tools)
+    model_dir = _taught_model(tmp_path / "m", chat_template, [(first, call_text), (second, "It is 5.")])
+
+    eng = EmbeddedEngine(model_dir, device="cpu")
+    agent = EngineChatModel(
+        engine=eng, role="agent", sampling=SamplingParams(temperature=0.0, max_new_tokens=80)
+    ).bind_tools([add])
+
+    async def act(state: MessagesState) -> dict:
+        return {"messages": [await agent.ainvoke(state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("agent", act)
+    g.add_node("tools", ToolNode([add]))
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    traj = asyncio.run(run_episode(g.compile(), TaskInstance(id="t", prompt="2+3?", answer=None), seed=0))
+
+    assert [t.role for t in traj.turns] == ["agent", "agent"] and traj.final_answer == "It is 5."
+    one, two = traj.turns
+    assert one.text == call_text and one.prompt_ids == first and one.invalid_tool_calls == []
+    assert one.tool_calls == [
+        {"name": "add", "arguments": {"a": 2, "b": 3}, "id": call_id(one.prompt_ids, one.completion_ids, 0)}
+    ]
+    assert two.tool_calls == [] and two.prompt_ids == second  # the ids the engine saw: the result in them
+    seen = eng.tokenizer().decode(two.prompt_ids)
+    assert "<tool_response>\n5\n</tool_response>" in seen and call_text in seen
+    assert two.trainable and one.trainable  # the call is an action; the result only context
