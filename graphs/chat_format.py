@@ -16,6 +16,13 @@ template is probed once (`template_traits`) and the context adapted (`ChatFormat
 - a template that forbids or drops a system message: the system prompt opens the first user turn;
 - a template that requires strict user/assistant alternation: consecutive turns of one role are merged;
 - `template_kwargs` (e.g. `enable_thinking=False`) go to `apply_chat_template` as they are.
+
+Tools (graphs/tool_calls.py holds the call convention; docs/graphs.md "Tools"): an AI message's
+`tool_calls` and a `ToolMessage`'s `tool_call_id` reach the template in the OpenAI / Hugging Face shape.
+A template that renders the `tools=` argument (found by the same probing) gets the tools, the calls and
+the tool results natively; one that does not gets the documented text format: a "# Tools" section in
+the system prompt, each call written after the message as `<tool_call>{json}</tool_call>` and each
+result as `<tool_response>...</tool_response>` in a `tool` turn (a user turn where `tool` is refused).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from langchain_core.messages import BaseMessage
+
+from teamtr.graphs.tool_calls import format_tool_call, tool_response_text, tools_system_section
 
 _ROLE_OF = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 Authorship = Literal["auto", "native", "prefix"]
@@ -68,17 +77,35 @@ class TemplateTraits:
     renders_names: bool  # a message's `name` appears in the output
     system: Literal["rendered", "dropped", "refused"]
     strict_alternation: bool  # two user turns in a row are refused
+    # tools (defaults: what a template without tool support does)
+    renders_tools: bool = False  # the `tools=` argument changes the text and names the tool
+    renders_tool_calls: bool = False  # an assistant message's `tool_calls` appear in the text
+    tool_role: Literal["rendered", "dropped", "refused"] = "refused"  # a `tool` message's content
+
+    @property
+    def native_tools(self) -> bool:
+        """Tools, calls and results all go through the template itself."""
+        return self.renders_tools and self.renders_tool_calls and self.tool_role == "rendered"
 
 
-def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
-    """Messages as chat-template dicts ({"role", "content"[, "name"]}), nothing adapted."""
+def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, Any]]:
+    """Messages as chat-template dicts ({"role", "content"[, "name"][, "tool_calls"][, "tool_call_id"]}),
+    nothing adapted. Tool calls take the OpenAI / Hugging Face shape, arguments as a dict."""
     out = []
     for m in messages:
         if m.type not in _ROLE_OF:
             raise ValueError(f"unsupported message type {m.type!r}")
-        d = {"role": _ROLE_OF[m.type], "content": m.text if hasattr(m, "text") else str(m.content)}
+        d: dict[str, Any] = {"role": _ROLE_OF[m.type], "content": m.text if hasattr(m, "text") else str(m.content)}
         if getattr(m, "name", None):
             d["name"] = m.name
+        calls = getattr(m, "tool_calls", None) if m.type == "ai" else None
+        if calls:
+            d["tool_calls"] = [
+                {"id": c.get("id"), "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+                for c in calls
+            ]
+        if m.type == "tool":
+            d["tool_call_id"] = m.tool_call_id
         out.append(d)
     return out
 
@@ -87,11 +114,11 @@ def _model_name(tokenizer: Any) -> str:
     return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
-def _render(tokenizer: Any, dicts: list[dict[str, str]], kwargs: Mapping[str, Any], generation: bool = True) -> str:
+def _render(tokenizer: Any, dicts: list[dict[str, Any]], kwargs: Mapping[str, Any], generation: bool = True) -> str:
     return tokenizer.apply_chat_template(dicts, add_generation_prompt=generation, tokenize=False, **kwargs)
 
 
-def _try_render(tokenizer: Any, dicts: list[dict[str, str]], kwargs: Mapping[str, Any]) -> str | None:
+def _try_render(tokenizer: Any, dicts: list[dict[str, Any]], kwargs: Mapping[str, Any]) -> str | None:
     try:
         return _render(tokenizer, dicts, kwargs, generation=False)
     except Exception:  # jinja's raise_exception, or a template error: this shape is refused
@@ -124,11 +151,15 @@ def template_traits(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = 
             f"model {_model_name(tokenizer)!r}: its chat template cannot render a user turn followed by an "
             "assistant turn, which every team context needs; fix the template or use another model"
         )
+    renders_tools, renders_tool_calls, tool_role = _tool_traits(tokenizer, kwargs)
     traits = TemplateTraits(
         renders_roles=as_user is None or as_user != as_assistant,
         renders_names=author in named,
         system="refused" if with_system is None else ("rendered" if marker in with_system else "dropped"),
         strict_alternation=as_user is None,
+        renders_tools=renders_tools,
+        renders_tool_calls=renders_tool_calls,
+        tool_role=tool_role,
     )
     # a whole team context, adapted, must render: otherwise fail now, not at a role's first turn
     sample = [
@@ -150,16 +181,80 @@ def template_traits(tokenizer: Any, template_kwargs: Mapping[str, Any] | None = 
     return traits
 
 
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "Toolzq9probe",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+    },
+}
+
+
+def _tool_traits(tokenizer: Any, kwargs: Mapping[str, Any]) -> tuple[bool, bool, Literal["rendered", "dropped", "refused"]]:
+    """(renders `tools=`, renders an assistant's `tool_calls`, what it does with a `tool` message)."""
+    name = _PROBE_TOOL["function"]["name"]
+    task = [{"role": "user", "content": "Xk5task"}]
+    plain = _try_render(tokenizer, task, kwargs)
+    with_tools = _try_render(tokenizer, task, {**kwargs, "tools": [_PROBE_TOOL]})
+    renders_tools = with_tools is not None and with_tools != plain and name in with_tools
+    call = {"id": "call_zq", "type": "function", "function": {"name": name, "arguments": {"x": "Argzq"}}}
+    called = _try_render(tokenizer, [*task, {"role": "assistant", "content": "", "tool_calls": [call]}], kwargs)
+    renders_tool_calls = called is not None and name in called and "Argzq" in called
+    result = {"role": "tool", "content": "Resultzq", "tool_call_id": "call_zq", "name": name}
+    answered = _try_render(
+        tokenizer, [*task, {"role": "assistant", "content": "", "tool_calls": [call]}, result], kwargs
+    ) or _try_render(tokenizer, [*task, {"role": "assistant", "content": "a"}, result], kwargs)
+    tool_role: Literal["rendered", "dropped", "refused"] = (
+        "refused" if answered is None else ("rendered" if "Resultzq" in answered else "dropped")
+    )
+    return renders_tools, renders_tool_calls, tool_role
+
+
 def adapt_chat_dicts(
-    tokenizer: Any, messages: list[BaseMessage], chat_format: ChatFormat | None = None
-) -> list[dict[str, str]]:
-    """The dicts the template renders: authorship written in where needed, the system prompt folded
+    tokenizer: Any,
+    messages: list[BaseMessage],
+    chat_format: ChatFormat | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """The dicts the template renders: authorship written in where needed, tools, tool calls and tool
+    results in the text format where the template has no native support, the system prompt folded
     into the first user turn where the template has none, same-role turns merged where it alternates."""
     fmt = chat_format or DEFAULT_FORMAT
-    return _adapt(to_chat_dicts(messages), template_traits(tokenizer, fmt.template_kwargs), fmt)
+    traits = template_traits(tokenizer, fmt.template_kwargs)
+    return _adapt(_adapt_tools(to_chat_dicts(messages), traits, tools), traits, fmt)
 
 
-def _adapt(dicts: list[dict[str, str]], traits: TemplateTraits, fmt: ChatFormat) -> list[dict[str, str]]:
+def _adapt_tools(
+    dicts: list[dict[str, Any]], traits: TemplateTraits, tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """Tools, calls and results as text (docs/graphs.md "Tools") unless the template renders them all."""
+    if traits.native_tools:
+        return dicts
+    out: list[dict[str, Any]] = []
+    for d in dicts:
+        d = dict(d)
+        calls = d.pop("tool_calls", None)
+        if calls:  # written after the message's text, exactly as the model writes a call
+            written = "\n".join(format_tool_call(c["function"]["name"], c["function"]["arguments"]) for c in calls)
+            d["content"] = f"{d['content']}\n{written}" if d["content"] else written
+        if d["role"] == "tool":
+            d.pop("tool_call_id", None)
+            d.pop("name", None)  # not an author: the wrapper says what it is
+            d["content"] = tool_response_text(d["content"])
+            if traits.tool_role != "rendered":
+                d["role"] = "user"
+        out.append(d)
+    if tools:
+        section = tools_system_section(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{section}"}
+        else:
+            out.insert(0, {"role": "system", "content": section})
+    return out
+
+
+def _adapt(dicts: list[dict[str, Any]], traits: TemplateTraits, fmt: ChatFormat) -> list[dict[str, Any]]:
     dicts = [dict(d) for d in dicts]
     prefix = fmt.authorship == "prefix" or (
         fmt.authorship == "auto" and traits.renders_roles and (not traits.renders_names or traits.strict_alternation)
@@ -178,22 +273,31 @@ def _adapt(dicts: list[dict[str, str]], traits: TemplateTraits, fmt: ChatFormat)
             else:
                 dicts.insert(0, {"role": "user", "content": text})
     if traits.strict_alternation:
-        merged: list[dict[str, str]] = []
+        merged: list[dict[str, Any]] = []
         for d in dicts:
             if merged and merged[-1]["role"] == d["role"]:
-                merged[-1] = {"role": d["role"], "content": f"{merged[-1]['content']}\n\n{d['content']}"}
+                merged[-1] = {**merged[-1], "content": f"{merged[-1]['content']}\n\n{d['content']}"}
             else:
                 merged.append(dict(d))
         dicts = merged
     return dicts
 
 
-def render_prompt(tokenizer: Any, messages: list[BaseMessage], chat_format: ChatFormat | None = None) -> str:
-    """The context's text with the generation prompt appended."""
+def render_prompt(
+    tokenizer: Any,
+    messages: list[BaseMessage],
+    chat_format: ChatFormat | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The context's text with the generation prompt appended; `tools` (OpenAI tool dicts) through the
+    template's `tools=` where it renders them, else in the system prompt (`_adapt_tools`)."""
     fmt = chat_format or DEFAULT_FORMAT
-    dicts = adapt_chat_dicts(tokenizer, messages, fmt)
+    dicts = adapt_chat_dicts(tokenizer, messages, fmt, tools)
+    kwargs = dict(fmt.template_kwargs)
+    if tools and template_traits(tokenizer, fmt.template_kwargs).native_tools:
+        kwargs["tools"] = tools
     try:
-        return _render(tokenizer, dicts, fmt.template_kwargs)
+        return _render(tokenizer, dicts, kwargs)
     except Exception as e:
         roles = " -> ".join(d["role"] for d in dicts)
         raise ChatTemplateError(
@@ -203,8 +307,11 @@ def render_prompt(tokenizer: Any, messages: list[BaseMessage], chat_format: Chat
 
 
 def render_prompt_ids(
-    tokenizer: Any, messages: list[BaseMessage], chat_format: ChatFormat | None = None
+    tokenizer: Any,
+    messages: list[BaseMessage],
+    chat_format: ChatFormat | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of the context with the generation prompt appended (the engine continues from here)."""
-    text = render_prompt(tokenizer, messages, chat_format)
+    text = render_prompt(tokenizer, messages, chat_format, tools)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

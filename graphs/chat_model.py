@@ -6,6 +6,11 @@ completion token ids, behaviour log-probs and adapter version: the turn exactly 
 `turn_from_reply` turns such a reply back into a `Turn` (episode capture, graphs/capture.py, and
 serving's turn spans both read replies through it).
 
+Tools: `bind_tools` (LangChain tools, pydantic models, functions or OpenAI tool dicts) renders the tools
+into the prompt (graphs/chat_format.py) and parses the completion's `<tool_call>` blocks into
+`AIMessage.tool_calls` / `invalid_tool_calls` (graphs/tool_calls.py), so LangGraph's `ToolNode` and
+`tools_condition` work around it unchanged; the `Turn` records both kinds of call.
+
 Inside a captured episode (graphs/capture.py `EpisodeCapture` among the call's callback handlers) the
 model samples with the episode's pinned adapter version for its role and with the episode's per-call
 seed, so the graph code itself passes nothing.
@@ -14,18 +19,23 @@ seed, so the graph code itself passes nothing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict
 
 from teamtr.graphs.chat_format import ChatFormat, render_prompt_ids
 from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
+from teamtr.graphs.tool_calls import call_id, parse_tool_calls
 from teamtr.graphs.trajectory import Turn
 
 METADATA_KEY = "teamtr"
@@ -56,6 +66,24 @@ class EngineChatModel(BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "teamtr-engine"
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model with `tools` in every prompt and its completions' calls parsed.
+
+        The model samples freely, so it can neither be forced to call a tool nor kept from one:
+        `tool_choice` must be None or "auto"; anything else raises ValueError."""
+        if tool_choice not in (None, "auto"):
+            raise ValueError(
+                f"tool_choice={tool_choice!r}: EngineChatModel samples freely and cannot force or forbid a "
+                "tool call; use tool_choice=None or 'auto' (and say in the prompt which tool to call)"
+            )
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -105,11 +133,21 @@ class EngineChatModel(BaseChatModel):
             sampling = replace(sampling, stop=tuple(sampling.stop) + tuple(stop))
         if "seed" in kwargs:
             sampling = replace(sampling, seed=kwargs["seed"])
-        prompt_ids = render_prompt_ids(engine.tokenizer(self.base_model), messages, self.chat_format)
+        tools = kwargs.get("tools") or None
+        tokenizer = engine.tokenizer(self.base_model)
+        prompt_ids = render_prompt_ids(tokenizer, messages, self.chat_format, tools)
         gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=self.base_model)
         version = kwargs.get("adapter_version", gen.adapter_version)
+        content = _strip_stop(gen.text, sampling.stop)
+        calls: dict[str, Any] = {}
+        if tools:  # only a model given tools calls them: without, the text is a plain message
+            content, valid, invalid = parse_tool_calls(
+                content, lambda k: call_id(gen.prompt_ids, gen.completion_ids, k)
+            )
+            calls = {"tool_calls": valid, "invalid_tool_calls": invalid}
         message = AIMessage(
-            content=_strip_stop(gen.text, sampling.stop),
+            content=content,
+            **calls,
             response_metadata={
                 "finish_reason": gen.finish_reason,
                 "model_name": adapter or self.base_model,
@@ -168,6 +206,7 @@ def turn_from_reply(
     other chat model's reply gives the text only, attributed to `adapter` (version 0) and `base_model`,
     with no tokens: nothing to train on."""
     meta = reply.response_metadata.get(METADATA_KEY)
+    calls = tool_calls_of(reply)
     if meta is None:
         return Turn(
             role=role,
@@ -180,6 +219,7 @@ def turn_from_reply(
             base_model=base_model,
             node=node,
             step=step,
+            **calls,
         )
     return Turn(
         role=role,
@@ -194,7 +234,20 @@ def turn_from_reply(
         top_p=meta.get("top_p"),
         node=node,
         step=step,
+        **calls,
     )
+
+
+def tool_calls_of(reply: BaseMessage) -> dict[str, list[dict[str, Any]]]:
+    """A reply's valid and invalid tool calls in `Turn`'s shape (graphs/trajectory.py)."""
+    valid = [
+        {"name": c["name"], "arguments": c["args"], "id": c.get("id")} for c in getattr(reply, "tool_calls", ())
+    ]
+    invalid = [
+        {"name": c.get("name"), "arguments": c.get("args"), "id": c.get("id"), "error": c.get("error")}
+        for c in getattr(reply, "invalid_tool_calls", ())
+    ]
+    return {"tool_calls": valid, "invalid_tool_calls": invalid}
 
 
 def _strip_stop(text: str, stop: tuple[str, ...]) -> str:

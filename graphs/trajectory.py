@@ -33,6 +33,11 @@ class Turn:
     # T = 1 whatever the sampling temperature was).
     temperature: float | None = None
     top_p: float | None = None
+    # The tool calls the message made (graphs/tool_calls.py): {"name", "arguments", "id"} each, and the
+    # malformed ones, {"name" (or None), "arguments" (the raw text), "id", "error"}. Part of the action
+    # (they are in its tokens); the tools' results are context of later turns, never trained on.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    invalid_tool_calls: list[dict[str, Any]] = field(default_factory=list)
     # Where in the graph the call was made: provenance, not part of the action, so turns compare equal
     # without it (a turn rebuilt from a trace span has none).
     node: str | None = field(default=None, compare=False)  # LangGraph node ("sub/inner" in a subgraph)

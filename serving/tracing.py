@@ -58,6 +58,8 @@ TURN_COMPLETION_IDS = "teamtr.turn.completion_ids"
 TURN_LOGPROBS = "teamtr.turn.logprobs"
 TURN_TEMPERATURE = "teamtr.turn.temperature"  # what the log-probs are (graphs/trajectory.py Turn)
 TURN_TOP_P = "teamtr.turn.top_p"
+TURN_TOOL_CALLS = "teamtr.turn.tool_calls"  # JSON lists, as graphs/trajectory.py Turn keeps them
+TURN_INVALID_TOOL_CALLS = "teamtr.turn.invalid_tool_calls"
 REWARD = "teamtr.reward"
 FEEDBACK_COMMENT = "teamtr.feedback.comment"
 
@@ -145,6 +147,10 @@ class TeamTracer:
         }
         if finish_reason:
             attributes[FINISH_REASONS] = (finish_reason,)
+        if turn.tool_calls:
+            attributes[TURN_TOOL_CALLS] = json.dumps(turn.tool_calls)
+        if turn.invalid_tool_calls:
+            attributes[TURN_INVALID_TOOL_CALLS] = json.dumps(turn.invalid_tool_calls)
         if self.capture_tokens:
             attributes[TURN_PROMPT_IDS] = tuple(int(i) for i in turn.prompt_ids)
             attributes[TURN_COMPLETION_IDS] = tuple(int(i) for i in turn.completion_ids)
@@ -222,6 +228,8 @@ def _turn_from_span(span: StoredSpan) -> Turn:
         base_model=a.get(TURN_BASE, "base"),
         temperature=float(a[TURN_TEMPERATURE]) if TURN_TEMPERATURE in a else None,
         top_p=float(a[TURN_TOP_P]) if TURN_TOP_P in a else None,
+        tool_calls=json.loads(a.get(TURN_TOOL_CALLS, "[]")),
+        invalid_tool_calls=json.loads(a.get(TURN_INVALID_TOOL_CALLS, "[]")),
     )
 
 

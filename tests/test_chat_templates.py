@@ -179,9 +179,13 @@ def test_templates_that_cannot_render_a_team_fail_clearly():
     only_users = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no') }}{% endif %}{% endfor %}"
     with pytest.raises(ChatTemplateError, match="cannot render a user turn followed by an assistant turn"):
         render_prompt(tokenizer(only_users), context())
-    tools_only = "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}x{% endfor %}"
+    # a template that refuses the `tool` role gets tool results as user turns (docs/graphs.md "Tools")
+    no_tool_role = "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}x{% endfor %}"
+    assert render_prompt(tokenizer(no_tool_role), [HumanMessage("q"), AIMessage("a"), _tool_message()]) == "xxx"
+    # one that refuses the context whatever shape it is given still fails clearly
+    refuses_results = "{% for m in messages %}{% if 'result' in m['content'] %}{{ raise_exception('no') }}{% endif %}x{% endfor %}"
     with pytest.raises(ChatTemplateError, match="refused this context"):
-        render_prompt(tokenizer(tools_only), [HumanMessage("q"), AIMessage("a"), _tool_message()])
+        render_prompt(tokenizer(refuses_results), [HumanMessage("q"), AIMessage("a"), _tool_message()])
 
 
 def _tool_message():
