@@ -118,7 +118,7 @@ def test_a_tiny_llm_team_logs_both_forms_per_update_and_per_stage(tmp_path) -> N
     for u in updates:
         c = u["certificate"]
         assert c["form"] == "speak_once" and c["role_turns"] == 1 and c["horizon"] == 3
-        assert c["heldout_episodes"] == 12 and c["heldout_se"] > 0
+        assert c["heldout_episodes"] == 12 and 0 <= c["heldout_se"] < math.inf
         assert c["kl_heldout"] == u["kl_out_of_sample"]
         assert c["heldout"] == c["speak_once"] == c["heldout_surrogate"]
         assert c["general"] == pytest.approx(
