@@ -29,7 +29,9 @@ NEW = np.array([0.8, 0.2])  # pi_new
 KL = float((OLD * np.log(OLD / NEW)).sum())  # per message KL(pi_cur || pi_new)
 
 
-def sample_two_turn(reward: np.ndarray, turns: int, episodes: int, seed: int) -> tuple[list[list[float]], list[float]]:
+def sample_two_turn(
+    reward: np.ndarray, turns: int, episodes: int, seed: int
+) -> tuple[list[list[float]], list[float]]:
     """Episodes of pi_cur: the role picks a message on each of its `turns` turns, reward[m0, m1, ...]."""
     rng = np.random.default_rng(seed)
     msgs = rng.choice(2, size=(episodes, turns), p=OLD)
