@@ -3,11 +3,15 @@ violated by the exact improvement on thousands of random teams, and a wrong cons
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from teamtr.cli.theory import app
 from teamtr.training.stage import ScheduleConfig
 from teamtr.training.theory.bounds import BOUND_NAMES, BoundConstants, BoundForm, check_stage
 from teamtr.training.theory.cases import check_case, random_case, speak_once_case
@@ -113,3 +117,18 @@ def test_the_speak_once_form_is_violated_on_a_two_round_team() -> None:
     wrong = check_stage(stage.updates, constants, BoundForm(assume_speak_once=True))
     assert violated(wrong, ("thm34_own", "thm36_own"))
     assert violated(check_stage(stage.updates, constants)) == []
+
+
+def test_the_check_command_on_speak_once_teams() -> None:
+    # `teamtr theory check --speak-once`: 0 violations, the own-turn penalty is 0 (used share -inf);
+    # `--assume-speak-once` on the general random teams is caught
+    def run(*args: str) -> dict:
+        result = CliRunner().invoke(app, ["check", "--instances", "100", "--json", *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    once = run("--speak-once")
+    assert once["teams"] == "speak_once" and all(v == 0 for v in once["violations"].values())
+    assert once["checks"]["thm34_own"] >= 100 and once["max_used_fraction"]["thm34_own"] == float("-inf")
+    wrong = run("--assume-speak-once")
+    assert wrong["violations"]["thm34_own"] > 0 and wrong["form"]["assume_speak_once"]
