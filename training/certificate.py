@@ -1,12 +1,24 @@
-"""The certificate proxy (docs/training.md, "Certificate and diagnostics"), per update and per stage.
+"""The certificate (docs/training.md, "Certificate and diagnostics"; derived in docs/theory.md section 8),
+per update and per stage.
 
+The proxy on the update's own batch (kept as `value`, the stage's `certificate`):
     c          = sqrt(2) * gamma * A_max / (1 - gamma)^2
     term_i     = L_hat_i - c * sqrt(d_hat_i) - zeta_hat_i / (1 - gamma)      (Thm 3.4, docs/theory.md)
     C_stage    = sum_i term_i                   (Thm 3.6; summed by training/stage.py `run_stage`)
     zeta_hat_i = zeta_clip + zeta_ratio + zeta_norm
 
-With gamma near 1 the absolute bound is vacuous; it is logged as a diagnostic, and its rank correlation
-with the realised improvement (held-out team return after - before each stage) is reported over a run.
+The held-out forms, in reward units of the finite-horizon (gamma = 1) episodic task, on K held-out
+episodes of pi^(i-1) (the out-of-sample monitor's, never trained on), R_k their rewards, b_k the
+leave-one-out mean reward, w_ku the ratio pi_new / pi_cur of role j's u-th message in episode k:
+    L_ho       = mean_k sum_u (w_ku - 1)(R_k - b_k)       unbiased for L_i (Thm 3.4's surrogate), with its SE
+    general    = L_ho - c_general sqrt(kl_ho)             c_general = sqrt(2) A_max (T - 1) N_j
+    speak_once = L_ho                                     valid when j speaks at most once per episode:
+                                                          then L_i = J(pi^i) - J(pi^(i-1)) exactly
+kl_ho is the out-of-sample per-message KL(pi_cur || pi_new); A_max the reward range; T the most turns of an
+episode, N_j the most turns of role j in one. No zeta: the rewards are neither clipped nor normalised and
+the ratio is not clipped. `form` is speak_once when j spoke at most once in every episode seen.
+With gamma near 1 the proxy is vacuous; it is logged as a diagnostic, and its rank correlation with the
+realised improvement (held-out team return after - before each stage) is reported over a run.
 """
 
 from __future__ import annotations
@@ -14,8 +26,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
+import numpy as np
 from scipy.stats import spearmanr
+
+CertificateForm = Literal["general", "speak_once"]
 
 
 def certificate_constant(gamma: float, a_max: float) -> float:
@@ -36,6 +52,15 @@ class CertificateTerm:
     zeta_norm: float
     c: float
     gamma: float
+    # the held-out forms (None: no held-out episodes, or the role did not speak in them)
+    heldout_surrogate: float | None = None  # L_ho
+    heldout_se: float | None = None  # its standard error over the held-out episodes
+    heldout_episodes: int = 0
+    kl_heldout: float | None = None  # out-of-sample KL(pi_cur || pi_new) per message
+    reward_range: float = 1.0  # A_max of the held-out forms: max - min of the verifier's reward
+    horizon: int = 0  # T: the most turns in an episode seen
+    role_turns: int = 0  # N_j: the most turns of the updated role in one episode seen
+    form: CertificateForm = "general"
 
     @property
     def zeta(self) -> float:
@@ -50,10 +75,81 @@ class CertificateTerm:
     def value(self) -> float:
         return self.surrogate - self.kl_penalty - self.zeta / (1.0 - self.gamma)
 
-    def to_dict(self) -> dict[str, float]:
+    @property
+    def c_general(self) -> float:
+        """sqrt(2) A_max W N_j with gamma = 1: W = T - 1 later turns, N_j turns of the role."""
+        return math.sqrt(2.0) * self.reward_range * max(self.horizon - 1, 0) * self.role_turns
+
+    @property
+    def general(self) -> float | None:
+        if self.heldout_surrogate is None or self.kl_heldout is None:
+            return None
+        return self.heldout_surrogate - self.c_general * math.sqrt(max(self.kl_heldout, 0.0))
+
+    @property
+    def speak_once(self) -> float | None:
+        return self.heldout_surrogate
+
+    @property
+    def heldout(self) -> float | None:
+        """The form that applies to this update (speak_once if the role spoke at most once per episode)."""
+        return self.speak_once if self.form == "speak_once" else self.general
+
+    def to_dict(self) -> dict[str, float | str | None]:
         d = asdict(self)
-        d.update(zeta=self.zeta, kl_penalty=self.kl_penalty, value=self.value)
+        d.update(
+            zeta=self.zeta,
+            kl_penalty=self.kl_penalty,
+            value=self.value,
+            c_general=self.c_general,
+            general=self.general,
+            speak_once=self.speak_once,
+            heldout=self.heldout,
+        )
         return d
+
+
+def certificate_form(role_turns: int) -> CertificateForm:
+    """speak_once iff the updated role spoke at most once in every episode seen."""
+    return "speak_once" if role_turns <= 1 else "general"
+
+
+def heldout_surrogate(log_ratios: Sequence[Sequence[float]], rewards: Sequence[float]) -> tuple[float, float]:
+    """(L_ho, standard error): mean_k sum_u (w_ku - 1)(R_k - b_k) over K held-out episodes of pi_cur, with
+    log_ratios[k] the log pi_new / pi_cur of each of the role's messages in episode k (empty if it did not
+    speak) and b_k the mean reward of the other episodes (independent of episode k, so unbiased)."""
+    r = np.asarray(rewards, dtype=float)
+    k = len(r)
+    if k == 0 or len(log_ratios) != k:
+        raise ValueError("one list of log-ratios per held-out episode, at least one episode")
+    baseline = (r.sum() - r) / (k - 1) if k > 1 else np.zeros(1)
+    per_episode = np.array(
+        [
+            sum(math.expm1(lr) for lr in lrs) * (rk - bk)
+            for lrs, rk, bk in zip(log_ratios, r, baseline, strict=True)
+        ]
+    )
+    se = float(per_episode.std(ddof=1) / math.sqrt(k)) if k > 1 else math.inf
+    return float(per_episode.mean()), se
+
+
+def stage_certificate_forms(terms: Sequence[CertificateTerm]) -> dict[str, float | str | None]:
+    """Per stage: each held-out form summed over the updates (None if any update has none), the standard
+    error of the sum (held-out episodes are independent across updates), and the form that applies to
+    every update of the stage (speak_once only if it applies to each)."""
+
+    def total(values: list[float | None]) -> float | None:
+        return None if not values or any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
+
+    ses = [t.heldout_se for t in terms]
+    form = "speak_once" if terms and all(t.form == "speak_once" for t in terms) else "general"
+    return {
+        "general": total([t.general for t in terms]),
+        "speak_once": total([t.speak_once for t in terms]),
+        "se": None if not ses or any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)),  # type: ignore[operator]
+        "form": form,
+        "heldout": total([t.general if form == "general" else t.speak_once for t in terms]),
+    }
 
 
 def stage_certificate(terms: Sequence[CertificateTerm]) -> float:

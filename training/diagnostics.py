@@ -1,18 +1,20 @@
 """What the trainer measures around each update, beside the step itself (docs/training.md, "Certificate
 and diagnostics"): the stale gap, the occupancy divergence, the ESS of importance weights, the log-prob
 gap between the engine and the trainer, the adapter versions a batch was sampled with, and the
-out-of-sample trust-region monitor (KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`).
+out-of-sample trust-region monitor (KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`), which also
+gives the certificate its held-out surrogate (`OutOfSampleKL.heldout_surrogate`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.training.advantages import advantages_for
+from teamtr.training.certificate import heldout_surrogate
 from teamtr.training.config import LossConfig
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
@@ -147,15 +149,23 @@ class OutOfSampleKL:
     prompts: list[list[int]]
     completions: list[list[int]]
     weights_before: dict[str, torch.Tensor]
+    # for the held-out surrogate of the certificate (training/certificate.py `heldout_surrogate`):
+    episode_of: list[int] = field(default_factory=list)  # the held-out episode of each message
+    rewards: list[float] = field(default_factory=list)  # every held-out episode's reward
+    log_ratios: torch.Tensor | None = None  # [M] log pi_new / pi_cur of each sampled message (per_message)
 
     @classmethod
     def before(cls, trajectories: list[Trajectory], role: str, policy: AdapterPolicy) -> OutOfSampleKL:
-        turns = [t for traj in trajectories for t in traj.turns_of(role) if t.completion_ids]
+        turns = [
+            (k, t) for k, traj in enumerate(trajectories) for t in traj.turns_of(role) if t.completion_ids
+        ]
         return cls(
             policy,
-            [t.prompt_ids for t in turns],
-            [t.completion_ids for t in turns],
+            [t.prompt_ids for _, t in turns],
+            [t.completion_ids for _, t in turns],
             policy.weights() if turns else {},
+            episode_of=[k for k, _ in turns],
+            rewards=[float(traj.reward) for traj in trajectories],
         )
 
     def per_message(self) -> torch.Tensor:
@@ -164,6 +174,7 @@ class OutOfSampleKL:
         side = Side(policy.engine, policy.base, policy.adapter)
         after = policy.weights()
         out: list[torch.Tensor] = []
+        ratios: list[torch.Tensor] = []
         with torch.no_grad():
             for s in range(0, len(self.prompts), MONITOR_CHUNK):
                 prompts, completions = (
@@ -176,8 +187,22 @@ class OutOfSampleKL:
                     cur = full_logprobs(side, prompts, completions, policy.temperature)
                 finally:
                     policy.load_weights(after)
-                out.append(token_kl_per_message(cur, new, completion_mask(completions, cur.shape[1])))
+                mask = completion_mask(completions, cur.shape[1])
+                out.append(token_kl_per_message(cur, new, mask))
+                ratios.append(sampled_log_ratio(cur, new, completions, mask))
+        self.log_ratios = torch.cat(ratios)
         return torch.cat(out)
+
+    def heldout_surrogate(self) -> tuple[float, float, int] | None:
+        """(L_ho, its standard error, episodes) of the update just measured by `per_message`: the
+        importance-weighted surrogate of pi_new on the held-out episodes of pi_cur, in reward units."""
+        if self.log_ratios is None or not self.rewards:
+            return None
+        per_episode: list[list[float]] = [[] for _ in self.rewards]
+        for k, lr in zip(self.episode_of, self.log_ratios.tolist(), strict=True):
+            per_episode[k].append(lr)
+        value, se = heldout_surrogate(per_episode, self.rewards)
+        return value, se, len(self.rewards)
 
     def after(self, delta: float, per_token: bool) -> dict[str, float | int | bool | None]:
         """The update record's fields: mean KL per message and per token, how many messages, and
@@ -198,6 +223,17 @@ class OutOfSampleKL:
             "kl_out_of_sample_messages": len(self.prompts),
             "left_region_out_of_sample": (token_mean if per_token else message_mean) > delta,
         }
+
+
+def sampled_log_ratio(
+    cur: torch.Tensor, new: torch.Tensor, completions: list[list[int]], mask: torch.Tensor
+) -> torch.Tensor:
+    """[M] sum over a message's tokens of log pi_new - log pi_cur of the sampled token ([M, T, V] log-probs)."""
+    ids = torch.zeros(mask.shape, dtype=torch.long)
+    for i, c in enumerate(completions):
+        ids[i, : len(c)] = torch.tensor(c)
+    pick = ids.unsqueeze(-1)
+    return ((new.gather(-1, pick) - cur.gather(-1, pick)).squeeze(-1) * mask).sum(-1)
 
 
 def out_of_sample_summary(updates: list[dict]) -> dict[str, float | None]:

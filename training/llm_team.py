@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.certificate import CertificateTerm
+from teamtr.training.certificate import CertificateTerm, certificate_form
 from teamtr.training.checkpoint import adapter_dir, save_peft_adapter
 from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import (
@@ -66,8 +67,9 @@ class LoggedUpdate:
 
     @property
     def certificate(self) -> CertificateTerm:
+        logged = self.record["certificate"]  # a record from before the held-out forms lacks their fields
         return CertificateTerm(
-            **{f.name: self.record["certificate"][f.name] for f in dataclasses.fields(CertificateTerm)}
+            **{f.name: logged[f.name] for f in dataclasses.fields(CertificateTerm) if f.name in logged}
         )
 
     @property
@@ -195,10 +197,11 @@ class LLMStageTeam:
                 adapter_dir(self.run_dir, role.adapter, step.version),
             )
 
+        monitored = monitor.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token)
         diagnostics = {
             "clip_fraction": float(step.surrogate.clip_fraction),
             "logprob_gap": logprob_gap(step.messages, step.old_logp),
-            "certificate": step.certificate.to_dict(),
+            "certificate": heldout_certificate(step, monitor, monitored).to_dict(),
             "ess": ess_fraction(weights) if weights is not None else None,
             **stale_gap.after(step, policy),
             "occupancy_divergence": (
@@ -208,7 +211,7 @@ class LLMStageTeam:
                 if ctx.index >= 2 and ctx.fresh_batch is not None
                 else None
             ),
-            **monitor.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token),
+            **monitored,
         }
         self.state.step += 1
         record = update_record(ctx, role, step, self.cfg, diagnostics, versions_before)
@@ -232,6 +235,27 @@ class LLMStageTeam:
             self.update(UpdateContext(stage, i, role, batch, batch, fresh=True, reweight=False))
             for i, role in enumerate(roles, start=1)
         ]
+
+
+def heldout_certificate(
+    step: StepResult, monitor: OutOfSampleKL, monitored: dict[str, Any]
+) -> CertificateTerm:
+    """The step's certificate term with its held-out forms (training/certificate.py) filled in from the
+    out-of-sample monitor's episodes; the held-out episodes also count towards T and N_j."""
+    heldout = monitor.heldout_surrogate()
+    if heldout is None:
+        return step.certificate
+    value, se, episodes = heldout
+    role_turns = max(step.certificate.role_turns, max(Counter(monitor.episode_of).values(), default=0))
+    return dataclasses.replace(
+        step.certificate,
+        heldout_surrogate=value,
+        heldout_se=se,
+        heldout_episodes=episodes,
+        kl_heldout=monitored["kl_out_of_sample"],
+        role_turns=role_turns,
+        form=certificate_form(role_turns),
+    )
 
 
 def update_record(

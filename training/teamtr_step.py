@@ -7,7 +7,7 @@ line to its equation, (A), (10), (11), (T) there:
     CACHE     log pi_cur of j's sampled tokens (at the rollout temperature; training/behaviour.py)
     OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages                (10)
     MONITOR   d_hat <= delta, else undo exactly, lr / 2, beta * 2 (at most K times; then reject)  (11)
-    CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma)                        (T)
+    CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma); speak-once or general form  (T)
     COMMIT    swap j's accepted weights in (version bump)
 
 Which batch the step sees (fresh pi^(i-1), or the stale one of pi^0) is the schedule's choice, made by
@@ -25,7 +25,7 @@ import torch
 
 from teamtr.training.advantages import Advantages, advantages_for
 from teamtr.training.behaviour import require_on_policy
-from teamtr.training.certificate import CertificateTerm, certificate_constant
+from teamtr.training.certificate import CertificateTerm, certificate_constant, certificate_form
 from teamtr.training.config import LossConfig, TrainConfig
 from teamtr.training.losses import (
     KLEstimates,
@@ -101,7 +101,9 @@ def teamtr_step(
         sur = surrogate(new_logp, old_logp, msgs, cfg.loss)
         kl = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
     d_hat = float(monitored_kl(kl, tr.estimator, tr.per_token))
-    # CERTIFY (T): term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma)
+    # CERTIFY (T): term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma);
+    # the held-out forms' constants: T and N_j from the batch's turns (speak_once iff N_j <= 1)
+    role_turns = max((len(traj.turns_of(role)) for traj in batch.trajectories), default=0)
     term = CertificateTerm(
         surrogate=float(sur.improvement),
         d_hat=d_hat,
@@ -110,6 +112,9 @@ def teamtr_step(
         zeta_norm=adv.zeta_norm,
         c=certificate_constant(cfg.certificate.gamma, adv.a_max),
         gamma=cfg.certificate.gamma,
+        horizon=max((len(traj.turns) for traj in batch.trajectories), default=0),
+        role_turns=role_turns,
+        form=certificate_form(role_turns),
     )
     # COMMIT: swap j's accepted weights in; the next rollouts record the new version
     version = policy.commit() if region.accepted else policy.version()

@@ -28,7 +28,7 @@ from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.certificate import rank_correlation
+from teamtr.training.certificate import rank_correlation, stage_certificate_forms
 from teamtr.training.checkpoint import (
     Checkpoint,
     load_latest_checkpoint,
@@ -126,6 +126,7 @@ class Trainer:
             order=record.order,
             rollouts=record.rollouts,
             certificate=record.certificate,
+            certificate_forms=stage_certificate_forms([u.certificate for u in record.updates]),
             realised_improvement=_difference(state.evals[-1]["accuracy"], state.evals[-2]["accuracy"]),
             eval_before=state.evals[-2]["accuracy"],
             eval_after=state.evals[-1]["accuracy"],

@@ -37,7 +37,16 @@ from teamtr.training.theory.team import UpdateRecord
 
 TOLERANCE = 1e-9  # floating-point slack on exact comparisons
 
-BOUND_NAMES = ("occupancy_shift", "thm34", "thm34_tight", "thm36", "prop33", "thm37")
+BOUND_NAMES = (
+    "occupancy_shift",
+    "thm34",
+    "thm34_tight",
+    "thm36",
+    "prop33",
+    "thm37",
+    "thm34_own",
+    "thm36_own",
+)
 INFORMATIONAL = ("prop33_occupancy_only",)
 
 
@@ -47,6 +56,16 @@ class BoundConstants:
     W: float
     N_max: float
     N_turn: int
+    W_own: dict[str, float] = field(default_factory=dict)  # agent -> W_own_j (0 for a speak-once agent)
+    N_agent: dict[str, float] = field(default_factory=dict)  # agent -> N_j
+
+    @property
+    def speak_once(self) -> bool:
+        """Every agent speaks on at most one turn, so no update can move its own agent's contexts."""
+        return all(w == 0.0 for w in self.W_own.values())
+
+    def c_own(self, agent: str) -> float:
+        return math.sqrt(2.0) * self.A_max * self.W_own[agent] * self.N_agent[agent]
 
     @property
     def c(self) -> float:
@@ -60,11 +79,20 @@ class BoundConstants:
     def of(cls, instance: TeamInstance) -> BoundConstants:
         gamma, T = instance.gamma, instance.horizon
         speaks = [[bool((route == j).any()) for route in instance.router] for j in range(instance.n_agents)]
+        turns = [[t for t in range(T) if s[t]] for s in speaks]
         return cls(
             A_max=float(instance.reward.max() - instance.reward.min()),
             W=float(sum(gamma**m for m in range(1, T))),
             N_max=max(sum(gamma**t for t in range(T) if s[t]) for s in speaks),
             N_turn=max(sum(s) for s in speaks),
+            W_own={
+                name: max((sum(gamma ** (t - u) for t in ts if t > u) for u in ts), default=0.0)
+                for name, ts in zip(instance.agent_names, turns, strict=True)
+            },
+            N_agent={
+                name: float(sum(gamma**t for t in ts))
+                for name, ts in zip(instance.agent_names, turns, strict=True)
+            },
         )
 
 
@@ -75,6 +103,7 @@ class BoundForm:
 
     c_scale: float = 1.0
     power: float = 0.5
+    assume_speak_once: bool = False  # write the own-turn bounds with c_own = 0 whatever the team (wrong)
 
     def root(self, delta: float) -> float:
         return max(delta, 0.0) ** self.power
@@ -162,7 +191,16 @@ def check_stage(
         prop33.append(occupancy_term + advantage_term)
         checks.append(Check("prop33", -stale_gap, 0.0, prop33[i], stage, r.index))
         checks.append(Check("prop33_occupancy_only", -stale_gap, 0.0, occupancy_term, stage, r.index))
+    own_penalties = [
+        0.0 if form.assume_speak_once else form.c_scale * constants.c_own(r.role) * roots[i]
+        for i, r in enumerate(records)
+    ]
+    for r, own in zip(records, own_penalties, strict=True):
+        checks.append(Check("thm34_own", r.improvement, r.surrogate_intermediate, own, stage, r.index))
     total = sum(r.improvement for r in records)
+    checks.append(
+        Check("thm36_own", total, sum(r.surrogate_intermediate for r in records), sum(own_penalties), stage)
+    )
     checks.append(
         Check("thm36", total, sum(r.surrogate_intermediate for r in records), c * sum(roots), stage)
     )

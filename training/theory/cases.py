@@ -80,6 +80,49 @@ def random_case(
     )
 
 
+def speak_once_case(rng: np.random.Generator, max_agents: int = 4, max_contexts: int = 3) -> RandomCase:
+    """A random team in which every agent speaks on one turn only, in a fixed order: a one-round chain or
+    convention team, or a random team with a one-round round-robin router (T = n). The own-turn bounds
+    hold with equality there (training/theory/bounds.py); schedules, radii and orders as `random_case`."""
+    n = int(rng.integers(1, max_agents + 1))
+    gamma = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
+    family = rng.uniform()
+    if family < 0.2:
+        instance = convention_instance(
+            n,
+            rounds=1,
+            conventions=int(rng.integers(2, 4)),
+            legibility=float(rng.choice([0.0, rng.uniform()])),
+            gamma=gamma,
+        )
+        logits = convention_warm_logits(
+            instance, rng, competence=float(rng.uniform(0, 4)), slip=float(rng.uniform(0, 4)), noise=1.0
+        )
+    elif family < 0.5:
+        instance = chain_instance(n, rng, rounds=1, flavours=int(rng.integers(1, 3)), gamma=gamma)
+        logits = chain_warm_logits(instance, rng, competence=float(rng.uniform(0, 4)), noise=1.0)
+    else:
+        instance = random_instance(
+            rng,
+            n_agents=n,
+            n_messages=int(rng.integers(2, 4)),
+            contexts=int(rng.integers(1, max_contexts + 1)),
+            horizon=n,
+            gamma=gamma,
+            round_robin=True,
+            concentration=float(rng.choice([0.1, 0.5, 2.0])),
+        )
+        logits = random_logits(instance, rng, float(rng.uniform(0.0, 3.0)))
+    return RandomCase(
+        instance=instance,
+        logits=logits,
+        delta=float(np.exp(rng.uniform(np.log(1e-3), np.log(2.0)))),
+        schedule=SEQUENTIAL_SCHEDULES[int(rng.integers(len(SEQUENTIAL_SCHEDULES)))],
+        order=str(rng.choice(["fixed", "reversed", "random"])),
+        stages=int(rng.integers(1, 3)),
+    )
+
+
 def check_case(case: RandomCase, form: BoundForm = BoundForm(), seed: int = 0) -> list[Check]:
     """Train the case with its schedule through the shared stage loop and check every bound on every stage."""
     team = TabularTeam(case.instance, case.logits, case.delta)
