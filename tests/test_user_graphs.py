@@ -1,0 +1,195 @@
+"""A user's own LangGraph graphs (examples/review_loop.py, examples/parallel_merge.py) trained with the
+TeamTR schedule and served, from their configs alone (docs/graphs.md, "From a config"), on a seconds-sized
+random Llama; and the config's bad-input errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from teamtr.training.config import TrainConfig
+from teamtr.training.metrics import read_metrics
+from teamtr.training.run_dir import RunDirError
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the configs name `examples.<module>:<function>`, as from the repo root
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from teamtr.training.warmstart import tiny_random_model
+
+    return str(tiny_random_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def example_config(name: str, model: str, run_dir: Path, **overrides) -> TrainConfig:
+    data = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
+    if "data" in data["task"]:
+        data["task"]["data"] = str(ROOT / data["task"]["data"])
+    small = {
+        "run_dir": str(run_dir),
+        "stages": 1,
+        "team.model": model,
+        "team.lora_rank": 4,
+        "rollout": {"prompts_per_update": 2, "group_size": 3},
+        "optim": {"lr": 5e-3, "epochs": 1, "minibatch_messages": 8},
+        "trust_region.monitor_episodes": 0,
+        "eval": {"stage_episodes": 2, "final_episodes": 2},
+        **overrides,
+    }
+    return TrainConfig.from_dict(data).with_overrides(small)
+
+
+def train(cfg: TrainConfig) -> list[dict]:
+    from teamtr.training.trainer import Trainer
+
+    Trainer(cfg).train()
+    return read_metrics(cfg.run_dir)
+
+
+def assert_resampled_after_each_update(records: list[dict], order: list[str]) -> None:
+    updates = [r for r in records if r["kind"] in ("update", "skipped")]
+    assert [u["role"] for u in updates] == order
+    done = [u for u in updates if u["kind"] == "update"]
+    assert done, "no role was updated"
+    for prev, cur in zip(done, done[1:], strict=False):
+        # update i's batch was sampled after update i-1 was swapped in: its turns carry the new version
+        assert cur["batch_key"] != prev["batch_key"] and cur["fresh"]
+        if prev["adapter"] in cur["batch_turn_versions"]:
+            assert cur["batch_turn_versions"][prev["adapter"]] == [prev["version_after"]]
+        assert cur["versions_before"][prev["adapter"]] == prev["version_after"]
+
+
+def test_review_loop_trains_with_teamtr_in_its_own_order(tiny_model, tmp_path):
+    cfg = example_config("review_loop", tiny_model, tmp_path / "run")
+    records = train(cfg)
+    assert_resampled_after_each_update(records, ["solver", "reviewer", "planner", "finalizer"])
+    updates = [r for r in records if r["kind"] == "update"]
+    # the loop ran: solver turns in a batch outnumber planner turns whenever the checker failed
+    assert all(u["messages"] > 0 for u in updates)
+    for role in ("planner", "solver", "finalizer"):
+        assert (Path(cfg.run_dir) / "adapters" / role / "v0").is_dir()
+
+
+def test_parallel_merge_trains_on_private_views(tiny_model, tmp_path):
+    records = train(example_config("parallel_merge", tiny_model, tmp_path / "run"))
+    assert_resampled_after_each_update(records, ["reader_a", "reader_b", "merger"])
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+BAD_SOURCE = """
+import math
+from examples.parallel_merge import build as _build
+
+def not_a_graph(models):
+    return {"nodes": []}
+
+def asks_for_nobody(models):
+    async def node(state):
+        await models.model("nobody").ainvoke("hi")
+        return {}
+    from langgraph.graph import StateGraph, START, END
+    from examples.parallel_merge import MergeState
+    g = StateGraph(MergeState)
+    g.add_node("lonely", node)
+    g.add_edge(START, "lonely")
+    g.add_edge("lonely", END)
+    return g.compile()
+
+CALLS = []
+LIMIT = [math.inf]
+
+def flaky_reward(task, state):
+    CALLS.append(task.id)
+    return math.nan if len(CALLS) > LIMIT[0] else float(bool(state.get("answer")))
+"""
+bad = types.ModuleType("teamtr_test_bad_graphs")
+sys.modules["teamtr_test_bad_graphs"] = bad
+exec(textwrap.dedent(BAD_SOURCE), bad.__dict__)
+
+
+def test_a_factory_that_returns_no_graph_is_one_error_naming_it(tiny_model, tmp_path):
+    cfg = example_config(
+        "parallel_merge", tiny_model, tmp_path / "run", **{"team.graph": "teamtr_test_bad_graphs:not_a_graph"}
+    )
+    with pytest.raises(RunDirError, match=r"team.graph 'teamtr_test_bad_graphs:not_a_graph' returned a dict"):
+        train(cfg)
+
+
+def test_an_unknown_role_fails_the_batch_by_name_and_is_recorded(tiny_model, tmp_path):
+    cfg = example_config(
+        "parallel_merge",
+        tiny_model,
+        tmp_path / "run",
+        **{"team.graph": "teamtr_test_bad_graphs:asks_for_nobody", "eval.stage_episodes": 0},
+    )
+    with pytest.raises(RunDirError, match=r"stage 0 rollout 0 failed: EpisodeError: .*role 'nobody'"):
+        train(cfg)
+    (failed,) = read_metrics(cfg.run_dir, kind="failed")
+    assert "nobody" in failed["error"] and failed["where"] == "stage 0 rollout 0"
+
+
+def test_a_non_finite_reward_fails_the_batch_and_the_run_resumes(tiny_model, tmp_path):
+    cfg = example_config(
+        "parallel_merge",
+        tiny_model,
+        tmp_path / "run",
+        stages=2,
+        **{"team.reward": "teamtr_test_bad_graphs:flaky_reward"},
+    )
+    # stage 0: the held-out evaluation before it, 3 fresh rollouts of 2 x 3 episodes, the evaluation after
+    bad.LIMIT[0] = 2 + 3 * 6 + 2
+    with pytest.raises(
+        RunDirError, match=r"stage 1 rollout 0 failed: RewardError: .*flaky_reward.* returned nan"
+    ):
+        train(cfg)
+    assert read_metrics(cfg.run_dir, kind="failed")
+    assert [s["stage"] for s in read_metrics(cfg.run_dir, kind="stage")] == [0]
+    bad.LIMIT[0] = math.inf  # fixed: the same config resumes at stage 1
+    records = train(cfg)
+    assert [s["stage"] for s in read_metrics(cfg.run_dir, kind="stage")] == [0, 1]
+    assert [u["stage"] for u in records if u["kind"] == "update"] == [0, 0, 0, 1, 1, 1]
+    assert all(math.isfinite(e["accuracy"]) for e in read_metrics(cfg.run_dir, kind="eval"))
+
+
+def test_a_role_the_graph_never_calls_is_reported_not_updated(tiny_model, tmp_path):
+    # a fourth role in the team that the graph never speaks as
+    extra = types.ModuleType("teamtr_test_extra_roles")
+    from examples.parallel_merge import roles as merge_roles
+    from teamtr.graphs.roles import Role
+
+    extra.roles = lambda: [*merge_roles(), Role("idle", "You are never asked.", adapter="idle")]
+    sys.modules["teamtr_test_extra_roles"] = extra
+    cfg = example_config(
+        "parallel_merge",
+        tiny_model,
+        tmp_path / "run",
+        **{
+            "team.roles": "teamtr_test_extra_roles:roles",
+            "team.order": ["idle", "reader_a", "reader_b", "merger"],
+        },
+    )
+    with pytest.warns(UserWarning, match="role 'idle' made no trainable call"):
+        records = train(cfg)
+    (skipped,) = [r for r in records if r["kind"] == "skipped"]
+    assert skipped["role"] == "idle" and skipped["messages"] == 0 and not skipped["accepted"]
+    assert not (Path(cfg.run_dir) / "adapters" / "idle" / "v1").exists()
+    assert [u["role"] for u in records if u["kind"] == "update"] == ["reader_a", "reader_b", "merger"]
+
+
+def test_graph_keys_without_a_graph_are_refused():
+    with pytest.raises(ValueError, match="team.order applies to a user graph only"):
+        TrainConfig.from_dict({"team": {"order": ["a"]}})
+    assert json.dumps(TrainConfig().to_dict())  # an old config's dict still dumps (new keys are None)
