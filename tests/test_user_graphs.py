@@ -18,7 +18,7 @@ import yaml
 
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import read_metrics
-from teamtr.training.run_dir import RunDirError
+from teamtr.training.run_dir import RunDir, RunDirError
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,3 +193,71 @@ def test_graph_keys_without_a_graph_are_refused():
     with pytest.raises(ValueError, match="team.order applies to a user graph only"):
         TrainConfig.from_dict({"team": {"order": ["a"]}})
     assert json.dumps(TrainConfig().to_dict())  # an old config's dict still dumps (new keys are None)
+
+
+# ---- serving ----------------------------------------------------------------------------------------
+
+
+def _train_yaml(cfg: TrainConfig, path: Path) -> Path:
+    cfg.to_yaml(path)
+    return path
+
+
+def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path):
+    import httpx
+    import openai
+    from serving_fixtures import serve_in_background
+
+    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.trace_store import read_spans
+
+    cfg = example_config("parallel_merge", tiny_model, tmp_path / "parallel_merge")
+    train(cfg)
+    config = ServeConfig.from_yaml(_train_yaml(cfg, tmp_path / "train.yaml"))
+    recorded = []
+    with serve_in_background(config, on_trajectory=recorded.append) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["parallel_merge"]
+        r = client.chat.completions.create(
+            model="parallel_merge", messages=[{"role": "user", "content": "start a1, 2 tables"}]
+        )
+        (trajectory,) = recorded
+        # the graph answered: its output mapping (the merger's message) is the chat answer
+        assert trajectory.turns[-1].role == "merger"
+        assert trajectory.final_answer == trajectory.turns[-1].text.removesuffix("\n")  # the stop string
+        assert (r.choices[0].message.content or "").strip() == trajectory.final_answer.strip()
+        turns = r.model_extra["teamtr"]["turns"]
+        # one node ("reader") speaks as two roles: each turn carries the role, not the node's name
+        assert sorted(t["role"] for t in turns[:2]) == ["reader_a", "reader_b"]
+        assert [t["role"] for t in turns] == [t.role for t in trajectory.turns]
+        assert {t.node for t in trajectory.turns} == {"reader", "merger"}
+        versions = {t.role: t.adapter_version for t in trajectory.turns}
+        assert r.model_extra["teamtr"]["adapter_versions"] == versions
+        assert versions == {a: v for a, (v, _) in RunDir(cfg.run_dir).latest_adapters().items()}
+
+        # hot-swap: a new merger version is live for the next episode, the readers' stay as they were
+        server.call(
+            server.server.registry.push, "merger", Path(cfg.run_dir) / "adapters" / "merger" / "v0", 7
+        )
+        client.chat.completions.create(
+            model="parallel_merge", messages=[{"role": "user", "content": "start a2, 2 tables"}]
+        )
+        swapped = {t.role: t.adapter_version for t in recorded[1].turns}
+        assert swapped == {**versions, "merger": 7}
+
+        ok = httpx.post(
+            server.url + "/v1/feedback", json={"conversation_id": r.id, "reward": 1.0}, timeout=30
+        )
+        assert ok.status_code == 200, ok.text
+    chats = list(read_spans(Path(cfg.run_dir) / "traces.db", operation="chat"))
+    assert sorted(s.attributes["gen_ai.agent.name"] for s in chats) == sorted(
+        t.role for t in recorded[0].turns + recorded[1].turns
+    )
+
+
+def test_serving_a_training_config_before_training_says_so(tmp_path):
+    from teamtr.cli.server import ServeConfig
+
+    cfg = TrainConfig.from_dict({"run_dir": str(tmp_path / "nothing"), "team": {"graph": "examples.x:y"}})
+    with pytest.raises(RunDirError, match="train it first"):
+        ServeConfig.from_yaml(_train_yaml(cfg, tmp_path / "train.yaml"))

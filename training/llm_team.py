@@ -171,7 +171,9 @@ class LLMStageTeam:
         self.state.monitor_tokens += sum(t.num_tokens for t in trajectories)
         return trajectories
 
-    def _episodes(self, where: str, prompts: list[TaskInstance], *, group_size: int, seed: int) -> list[Trajectory]:
+    def _episodes(
+        self, where: str, prompts: list[TaskInstance], *, group_size: int, seed: int
+    ) -> list[Trajectory]:
         """The team's episodes; one that cannot become a trajectory (a user graph asking for an unknown
         role, a reward that raises or is not finite, an endless loop) fails the batch: a "failed" record
         in metrics.jsonl and one RunDirError line. The last checkpoint is intact: fix it and resume."""

@@ -26,7 +26,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from teamtr.graphs.capture import GraphTeam
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.task import TaskFamily
@@ -35,7 +34,7 @@ from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
 from teamtr.training.checkpoint import adapter_dir
 from teamtr.training.config import TeamConfig, TrainConfig
-from teamtr.training.user_graph import UserGraphError, check_order, data_family, graph_team
+from teamtr.training.user_graph import RoleGraphTeam, UserGraphError, check_order, data_family
 
 CONFIG_FILE = "config.yaml"
 
@@ -139,7 +138,7 @@ def build_team(
     temperature: float | None = None,
     name: str = "team",
     options: dict[str, Any] | None = None,
-) -> Team | GraphTeam:
+) -> Team | RoleGraphTeam:
     """The run's team on `engine`: `roles` (at `temperature` unless None), taking turns as the config says
     (`options`: team_options(team_cfg), computed once by a caller that builds many), or the user's own
     graph over them when the config names one (team.graph: training/user_graph.py `graph_team`). A router
@@ -149,7 +148,7 @@ def build_team(
         roles = with_temperature(roles, temperature)
     if team_cfg.graph is not None:
         try:
-            return graph_team(team_cfg, roles, engine, name=name)
+            return RoleGraphTeam.from_engine(team_cfg, roles, engine, name=name)
         except UserGraphError as e:
             raise RunDirError(str(e)) from None
     options = team_options(team_cfg) if options is None else options
@@ -241,8 +240,9 @@ class RunDir:
 
     def team(
         self, roles: list[Role], engine: Any, *, temperature: float | None = None, name: str = "team"
-    ) -> Team | GraphTeam:
-        """A team of `roles` on `engine` taking turns by the run's router, or the run's graph (`build_team`)."""
+    ) -> Team | RoleGraphTeam:
+        """A team of `roles` on `engine` taking turns by the run's router, or the run's graph
+        (`build_team`)."""
         return build_team(
             self.config.team, roles, engine, temperature=temperature, name=name, options=self.team_options
         )

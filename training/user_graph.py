@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from teamtr.graphs.capture import EpisodeError, GraphTeam, last_ai_text, messages_input
+from teamtr.graphs.capture import EpisodeError, EpisodeRunner, GraphTeam, last_ai_text, messages_input
 from teamtr.graphs.role_models import RoleModels, UnknownRoleError
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
@@ -129,6 +129,37 @@ def graph_team(
         read_output=load_function(team_cfg.output, "team.output", last_ai_text),
         recursion_limit=team_cfg.recursion_limit,
     )
+
+
+@dataclass
+class RoleGraphTeam(EpisodeRunner):
+    """A config's graph with graphs/team.py `Team`'s face (`name`, `roles`, `models`, `role(name)`,
+    `arun` / `rollout` / `run`), so what runs a Team runs it: training's rollouts and evaluations, and
+    serving (serving/sampling.py makes a request's sampling variant by `dataclasses.replace(team,
+    models=...)`, which builds the graph again over those models).
+
+    models: role name -> its chat model (engine-backed `EngineChatModel`s from `from_engine`).
+    """
+
+    team_cfg: Any
+    roles: list[Role]
+    models: dict[str, Any]
+    name: str = "team"
+
+    def __post_init__(self) -> None:
+        self.role_models = RoleModels(None, self.roles, self.models)
+        self.graph_team = graph_team(self.team_cfg, self.roles, None, name=self.name, models=self.role_models)
+
+    @classmethod
+    def from_engine(cls, team_cfg: Any, roles: list[Role], engine: Any, name: str = "team") -> RoleGraphTeam:
+        built = RoleModels(engine, roles)
+        return cls(team_cfg, list(roles), {r.name: built.raw_model(r.name) for r in roles}, name)
+
+    def role(self, name: str) -> Role:
+        return self.role_models.role(name)
+
+    async def arun(self, task: TaskInstance | str, **options: Any) -> Trajectory:
+        return await self.graph_team.arun(task, **options)
 
 
 def check_order(order: list[str] | None, roles: list[Role]) -> list[Role]:
