@@ -261,3 +261,99 @@ def test_serving_a_training_config_before_training_says_so(tmp_path):
     cfg = TrainConfig.from_dict({"run_dir": str(tmp_path / "nothing"), "team": {"graph": "examples.x:y"}})
     with pytest.raises(RunDirError, match="train it first"):
         ServeConfig.from_yaml(_train_yaml(cfg, tmp_path / "train.yaml"))
+
+
+@pytest.mark.slow
+def test_teamtr_train_and_serve_the_review_loop_from_its_yaml(tiny_model, tmp_path):
+    """`teamtr train examples/review_loop.yaml` from the repository root (the config's modules and data
+    resolve there), then the run served: the answer comes through the loop and its checker."""
+    import subprocess
+
+    import openai
+    from serving_fixtures import serve_in_background
+
+    from teamtr.cli.server import ServeConfig
+
+    run_dir = tmp_path / "review_loop"
+    sets = {
+        "run_dir": str(run_dir),
+        "stages": 1,
+        "team.model": tiny_model,
+        "team.lora_rank": 4,
+        "rollout.prompts_per_update": 2,
+        "rollout.group_size": 2,
+        "optim.epochs": 1,
+        "trust_region.monitor_episodes": 0,
+        "eval.stage_episodes": 2,
+        "eval.final_episodes": 2,
+    }
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "teamtr"), "train", "examples/review_loop.yaml", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    updates = read_metrics(run_dir, kind="update")
+    assert [u["role"] for u in updates] == ["solver", "reviewer", "planner", "finalizer"]
+
+    recorded = []
+    with serve_in_background(ServeConfig.from_run_dir(run_dir), on_trajectory=recorded.append) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        r = client.chat.completions.create(
+            model="review_loop", messages=[{"role": "user", "content": "2+3*4"}]
+        )
+    (trajectory,) = recorded
+    roles = [t.role for t in trajectory.turns]
+    # planner, then solver attempts with a review between them until the calculator passes or 2 rounds
+    assert roles[0] == "planner" and roles[-1] == "finalizer"
+    assert roles[1:-1] in (["solver"], ["solver", "reviewer", "solver"])
+    assert [t["role"] for t in r.model_extra["teamtr"]["turns"]] == roles
+
+
+MESSAGES_SOURCE = """
+from langgraph.graph import END, START, MessagesState, StateGraph
+from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.roles import Role
+
+def roles():
+    return [Role("solo", "unused", adapter="solo",
+                 sampling=SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\\\\n",)))]
+
+def build(models):
+    async def answer(state):
+        return {"messages": [await models.model("solo").ainvoke(state["messages"])]}
+    g = StateGraph(MessagesState)
+    g.add_node("answer", answer)
+    g.add_edge(START, "answer")
+    g.add_edge("answer", END)
+    return g.compile()
+"""
+
+
+def test_a_messages_state_graph_gets_the_chat_messages_themselves(tiny_model, tmp_path):
+    import openai
+    from serving_fixtures import serve_in_background, write_versions
+
+    from teamtr.cli.server import ServeConfig
+
+    module = types.ModuleType("teamtr_test_messages_graph")
+    exec(textwrap.dedent(MESSAGES_SOURCE), module.__dict__)
+    sys.modules[module.__name__] = module
+    run = tmp_path / "solo"
+    write_versions(Path(tiny_model), run, range(1), roles=("solo",))
+    team = {"model": tiny_model, "graph": f"{module.__name__}:build", "roles": f"{module.__name__}:roles"}
+    (run / "config.yaml").write_text(yaml.safe_dump({"team": team}))
+    recorded = []
+    with serve_in_background(ServeConfig.from_run_dir(run), on_trajectory=recorded.append) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hello"}]
+        r = client.chat.completions.create(model="solo", messages=messages)
+        tokenizer = server.server.engine.tokenizer("base")
+    (turn,) = recorded[0].turns
+    # the graph's MessagesState input is the two messages (a Team would see "system: Be terse.\nhello")
+    assert tokenizer.decode(turn.prompt_ids).startswith("Be terse.\nhello\n")
+    assert r.model_extra["teamtr"]["turns"][0]["role"] == "solo"

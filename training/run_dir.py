@@ -18,7 +18,6 @@ whose role and adapter names differ is saved and served under the same name.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +33,7 @@ from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
 from teamtr.training.checkpoint import adapter_dir
 from teamtr.training.config import TeamConfig, TrainConfig
-from teamtr.training.user_graph import RoleGraphTeam, UserGraphError, check_order, data_family
+from teamtr.training.user_graph import RoleGraphTeam, UserGraphError, check_order, data_family, load_object
 
 CONFIG_FILE = "config.yaml"
 
@@ -69,13 +68,10 @@ def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
 
 def roles_from_factory(factory: str, options: dict[str, Any] | None = None) -> list[Role]:
     """`module:function` (called with `options`) -> the list of Role it returns."""
-    module_name, _, attr = factory.partition(":")
-    if not attr:
-        raise RunDirError(f"roles {factory!r}: expected 'module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise RunDirError(f"roles {factory!r}: {e}") from None
+    try:  # as the config's other `module:function` keys: the working directory is searched too
+        fn = load_object(factory, "roles")
+    except UserGraphError as e:
+        raise RunDirError(str(e).replace("'module:attribute'", "'module:function'")) from None
     roles = fn(**(options or {}))
     if not roles or not all(isinstance(r, Role) for r in roles):
         raise RunDirError(f"roles {factory!r} did not return a non-empty list of Role")
