@@ -164,6 +164,17 @@ def test_a_non_finite_reward_fails_the_batch_and_the_run_resumes(tiny_model, tmp
     assert all(math.isfinite(e["accuracy"]) for e in read_metrics(cfg.run_dir, kind="eval"))
 
 
+def test_an_endless_episode_fails_the_batch_naming_its_limit(tiny_model, tmp_path):
+    cfg = example_config(
+        "review_loop", tiny_model, tmp_path / "run", **{"team.recursion_limit": 3, "eval.stage_episodes": 0}
+    )
+    with pytest.raises(
+        RunDirError, match=r"stage 0 rollout 0 failed: EpisodeLimitError: .*recursion limit \(3"
+    ):
+        train(cfg)
+    assert read_metrics(cfg.run_dir, kind="failed")
+
+
 def test_a_role_the_graph_never_calls_is_reported_not_updated(tiny_model, tmp_path):
     # a fourth role in the team that the graph never speaks as
     extra = types.ModuleType("teamtr_test_extra_roles")
@@ -245,13 +256,20 @@ def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path
         swapped = {t.role: t.adapter_version for t in recorded[1].turns}
         assert swapped == {**versions, "merger": 7}
 
+        # a request's own sampling: a variant of the graph built over re-sampled role models answers
+        sampled = client.chat.completions.create(
+            model="parallel_merge", messages=[{"role": "user", "content": "start a3"}], max_tokens=2, seed=3
+        )
+        assert {t.role for t in recorded[2].turns} == {"reader_a", "reader_b", "merger"}
+        assert all(t["completion_tokens"] <= 2 for t in sampled.model_extra["teamtr"]["turns"])
+
         ok = httpx.post(
             server.url + "/v1/feedback", json={"conversation_id": r.id, "reward": 1.0}, timeout=30
         )
         assert ok.status_code == 200, ok.text
     chats = list(read_spans(Path(cfg.run_dir) / "traces.db", operation="chat"))
     assert sorted(s.attributes["gen_ai.agent.name"] for s in chats) == sorted(
-        t.role for t in recorded[0].turns + recorded[1].turns
+        t.role for trajectory in recorded for t in trajectory.turns
     )
 
 
