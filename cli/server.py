@@ -38,7 +38,15 @@ from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider
 from teamtr.training.config import TeamConfig
-from teamtr.training.run_dir import RunDir, RunDirError, build_team, roles_from_factory, with_bases
+from teamtr.training.run_dir import (
+    RunDir,
+    RunDirError,
+    build_team,
+    read_config,
+    roles_from_factory,
+    with_bases,
+)
+from teamtr.training.user_graph import RoleGraphTeam
 
 CHAIN_ROLES = "teamtr.graphs.chain_team:chain_roles"  # a served team without roles or run: the demo team
 
@@ -117,12 +125,28 @@ class ServeConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> ServeConfig:
+        """A serve config, or a training config (`teamtr serve examples/review_loop.yaml`): that config's
+        run directory (its run_dir, relative to the working directory as in `teamtr train`) served as
+        `from_run_dir` does, under the run directory's name."""
         data = yaml.safe_load(Path(path).read_text()) or {}
+        if isinstance(data, dict) and is_train_config(data):
+            cfg = read_config(path)
+            if not Path(cfg.run_dir).is_dir():
+                raise RunDirError(
+                    f"{path} is a training config whose run directory {cfg.run_dir} does not exist: train "
+                    f"it first (teamtr train {path}), then serve it"
+                )
+            return cls.from_run_dir(cfg.run_dir, **overrides)
         data.setdefault("base_dir", str(Path(path).parent))
         return cls(**{**data, **overrides})
 
     def path(self, p: str) -> Path:
         return Path(p) if Path(p).is_absolute() else Path(self.base_dir) / p
+
+
+def is_train_config(data: dict[str, Any]) -> bool:
+    """A YAML mapping written for `teamtr train` (training/config.py TrainConfig), not a ServeConfig."""
+    return "teams" not in data and bool(set(data) & {"team", "task", "run_dir", "stages", "schedule"})
 
 
 def served_roles(spec: ServedTeamConfig, run: RunDir | None) -> list[Role]:
@@ -140,8 +164,9 @@ def served_roles(spec: ServedTeamConfig, run: RunDir | None) -> list[Role]:
 
 def served_team(
     name: str, spec: ServedTeamConfig, run: RunDir | None, roles: list[Role], engine: Any
-) -> Team:
-    """The team taking turns by the spec's router, else the run's (training/run_dir.py `build_team`)."""
+) -> Team | RoleGraphTeam:
+    """The team taking turns by the spec's router, else the run's, or the run's own graph (team.graph)
+    (training/run_dir.py `build_team`)."""
     team_cfg = run.config.team if run is not None else TeamConfig()
     update = {k: v for k, v in (("router", spec.router), ("max_turns", spec.max_turns)) if v is not None}
     try:

@@ -18,9 +18,10 @@ from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
-from teamtr.graphs.chat_model import is_engine_reply, turn_from_reply
+from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_reply
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
@@ -92,11 +93,14 @@ class TurnRecorder(AsyncCallbackHandler):
         self._started[run_id] = (time.time_ns(), (metadata or {}).get("langgraph_node", ""))
 
     async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        start_ns, role = self._started.pop(run_id, (None, ""))
+        start_ns, node = self._started.pop(run_id, (None, ""))
         message = response.generations[0][0].message  # type: ignore[attr-defined]
         if not is_engine_reply(message):  # not an engine-backed model: nothing to trace at token level
             return
-        turn = turn_from_reply(message, role)
+        # the role the engine model spoke as (a user graph's node may speak as several roles, e.g. one
+        # node behind two `Send` branches), not the node's name
+        role = message.response_metadata[METADATA_KEY].get("role") or node
+        turn = turn_from_reply(message, role, node=node or None)
         index = len(self.turns)
         self.turns.append(turn)
         finish = message.response_metadata.get("finish_reason", "stop")
@@ -164,13 +168,17 @@ class EpisodeRunner:
         on_turn: Callable[[TurnInfo], None] | None = None,
         graph: Team | None = None,
         observe_turn: Callable[[str, float, int], None] | None = None,
+        messages: list[BaseMessage] | None = None,
     ) -> EpisodeResult:
-        """`graph`: the team variant to run (serving/sampling.py; default `team.team`)."""
+        """`graph`: the team variant to run (serving/sampling.py; default `team.team`). `messages`: the
+        request's chat messages, which a user graph's default input (MessagesState) receives as they are
+        (training/user_graph.py `default_input`); a Team reads the task text."""
         started = time.perf_counter()
         async with self.registry.pin(sorted(set(team.adapters.values()))) as pinned:
             pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
             versions = {role: v for role, (_, v) in pins.items()}
-            instance = TaskInstance(id=completion_id, prompt=task, answer=None)
+            meta = {"messages": list(messages)} if messages else {}
+            instance = TaskInstance(id=completion_id, prompt=task, answer=None, meta=meta)
             tracer = self.tracer
             span_cm = tracer.episode(name, conversation_id, task) if tracer is not None else nullcontext()
             with span_cm as span:

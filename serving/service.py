@@ -3,9 +3,10 @@ record its episodes, and build the OpenAI-shaped response or stream of chunks (t
 serving/app.py stay thin over it).
 
 The user's last message is the task; earlier messages are context, folded into the task text as
-`<role>: <content>` lines (a team sees one task string). Sampling fields apply to every role under the
-team's pins (serving/sampling.py); `n` runs n episodes, one choice each; `seed` seeds every episode
-(choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
+`<role>: <content>` lines (a team sees one task string); a user graph (training/user_graph.py) whose
+input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Sampling fields
+apply to every role under the team's pins (serving/sampling.py); `n` runs n episodes, one choice each;
+`seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
 client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
 place in the team's queue are released.
 """
@@ -19,6 +20,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team, derive_seed
@@ -62,6 +65,18 @@ def task_text(request: ChatCompletionRequest) -> str:
     *context, last = request.messages
     lines = [f"{m.name or m.role}: {m.text()}" for m in context if m.text().strip()]
     return "\n".join([*lines, last.text()])
+
+
+_MESSAGE_TYPES = {"system": SystemMessage, "developer": SystemMessage, "assistant": AIMessage}
+
+
+def chat_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
+    """The request's messages as LangChain messages: a user graph's MessagesState input (tool results
+    become human messages carrying the tool's name)."""
+    return [
+        _MESSAGE_TYPES.get(m.role, HumanMessage)(m.text(), **({"name": m.name} if m.name else {}))
+        for m in request.messages
+    ]
 
 
 def usage_of(*trajectories: Trajectory) -> Usage:
@@ -352,6 +367,7 @@ class ChatCompletionService:
             on_turn=on_turn,
             graph=c.graph,
             observe_turn=self.metrics.turn_observer(team),
+            messages=chat_messages(c.request),
         )
         self.metrics.episode_seconds.labels(team).observe(result.seconds)
         self.gates[team].observe_episode(result.seconds)

@@ -31,6 +31,10 @@ class TaskConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)  # constructor options of the task family
     train_seed: int = 1  # prompts for rollouts come from this generator seed ...
     eval_seed: int = 2_000_003  # ... held-out evaluation prompts from a disjoint one
+    # where a user graph's tasks come from instead of the family `name` (docs/graphs.md): a JSONL file (one
+    # task a line: `prompt` or a graph `input`, optional `answer` and `id`) or `module:function` returning
+    # a TaskFamily or a list of TaskInstance; None = the task family `name`
+    data: str | None = None
 
 
 class TeamConfig(_Strict):
@@ -46,6 +50,21 @@ class TeamConfig(_Strict):
     # run's rollouts, evaluations, swap and `teamtr serve RUN_DIR` all take turns by it (training/run_dir.py)
     router: str | None = None
     max_turns: int | None = Field(None, ge=1)  # episode length guard; None = graphs/team.py's default
+    # A user's own LangGraph graph instead of Team (docs/graphs.md): `module:factory`, a compiled graph or
+    # a builder `factory(models: RoleModels) -> compiled graph` whose nodes call `models.model(role)`.
+    # None = the turn-taking Team of `roles` (and `router`). The keys below apply only with a graph.
+    graph: str | None = None
+    # `module:function` (task: TaskInstance) -> the graph's input; None = a JSONL row's `input`, else
+    # LangGraph's MessagesState: {"messages": [the task prompt as a HumanMessage]}
+    input: str | None = None
+    # `module:function` (final state) -> the final answer text; None = the last AI message's text
+    output: str | None = None
+    # `module:function` (task, final state) -> float reward; None = the task family's verifier
+    reward: str | None = None
+    # sigma: the roles in the order TeamTR updates them each stage (schedule.order then fixes, reverses or
+    # shuffles it); None = the order `roles` lists them in
+    order: list[str] | None = None
+    recursion_limit: int | None = Field(None, ge=1)  # a graph episode's LangGraph step limit; None = 25
     model: str | None = None  # base model directory; None = the task's cached warm-started model
     # heterogeneous teams: more base models (name -> directory) beside `model` (which is named "base"),
     # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)
@@ -183,6 +202,15 @@ class TrainConfig(_Strict):
     trust_region: TrustRegionConfig = Field(default_factory=TrustRegionConfig)
     certificate: CertificateConfig = Field(default_factory=CertificateConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _graph_keys_need_a_graph(self) -> TrainConfig:
+        used = [k for k in ("input", "output", "reward", "order", "recursion_limit") if getattr(self.team, k)]
+        if used and self.team.graph is None:
+            raise ValueError(f"team.{used[0]} applies to a user graph only: set team.graph (module:factory)")
+        if self.team.graph is not None and self.team.router is not None:
+            raise ValueError("team.router routes teamtr's Team; a user graph (team.graph) routes itself")
+        return self
 
     @field_validator("schedule", mode="before")
     @classmethod

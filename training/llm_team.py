@@ -11,7 +11,9 @@ resample_every / importance_weighting) only changes which batch `update` receive
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from typing import Any
 
 import torch
 
+from teamtr.graphs.capture import EpisodeError
+from teamtr.graphs.role_models import UnknownRoleError
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import derive_seed
@@ -41,9 +45,15 @@ from teamtr.training.metrics import MetricsLog
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
-from teamtr.training.run_dir import build_team
+from teamtr.training.run_dir import RunDirError, build_team
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, teamtr_step
+
+log = logging.getLogger(__name__)
+
+
+class UnusedRoleWarning(UserWarning):
+    """A role made no trainable call in the batch its update was given: the update is skipped."""
 
 
 @dataclass
@@ -128,10 +138,10 @@ class LLMStageTeam:
             return self.stage_batches[key]
         if index == 0:  # stage start: remember pi^0 (occupancy divergence is measured against it)
             self.stage_start_weights = {a: p.weights() for a, p in self.policies.items()}
-        trajectories = self.team.run(
+        trajectories = self._episodes(
+            f"stage {stage} rollout {index}",
             self.stage_prompts(stage),
             group_size=self.cfg.rollout.group_size,
-            verifier=self.task,
             seed=derive_seed(self.cfg.seed, "rollout", stage, index),
         )
         sched = self.cfg.schedule
@@ -154,20 +164,64 @@ class LLMStageTeam:
         prompts = self.task.generate(
             n, seed=derive_seed(self.cfg.task.train_seed, "kl-monitor", stage, index)
         )
-        trajectories = self.team.run(
+        trajectories = self._episodes(
+            f"stage {stage} KL-monitor episodes before update {index}",
             prompts,
             group_size=1,
-            verifier=self.task,
             seed=derive_seed(self.cfg.seed, "kl-monitor", stage, index),
         )
         self.state.monitor_tokens += sum(t.num_tokens for t in trajectories)
         return trajectories
+
+    def _episodes(
+        self, where: str, prompts: list[TaskInstance], *, group_size: int, seed: int
+    ) -> list[Trajectory]:
+        """The team's episodes; one that cannot become a trajectory (a user graph asking for an unknown
+        role, a reward that raises or is not finite, an endless loop) fails the batch: a "failed" record
+        in metrics.jsonl and one RunDirError line. The last checkpoint is intact: fix it and resume."""
+        try:
+            return self.team.run(prompts, group_size=group_size, verifier=self.task, seed=seed)
+        except (EpisodeError, UnknownRoleError) as e:
+            self.metrics.log("failed", self.state.step, where=where, error=f"{type(e).__name__}: {e}")
+            raise RunDirError(
+                f"{where} failed: {type(e).__name__}: {e} (the run resumes from its last checkpoint)"
+            ) from e
+
+    def _skipped(self, ctx: UpdateContext[RolloutBatch], role: Role) -> LoggedUpdate | None:
+        """A role the graph never called (with a trainable model) in ctx.batch is reported, not updated
+        on empty data: a "skipped" record in metrics.jsonl, an UnusedRoleWarning, a zero certificate term."""
+        if any(t.completion_ids for traj in ctx.batch.trajectories for t in traj.turns_of(ctx.role)):
+            return None
+        text = (
+            f"stage {ctx.stage} update {ctx.index}: role {ctx.role!r} made no trainable call in the "
+            f"{len(ctx.batch.trajectories)} episodes of batch {ctx.batch.key}; its update is skipped"
+        )
+        warnings.warn(text, UnusedRoleWarning, stacklevel=3)
+        log.warning(text)
+        term = CertificateTerm(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.cfg.certificate.gamma)
+        record = {
+            "stage": ctx.stage,
+            "index": ctx.index,
+            "role": ctx.role,
+            "adapter": role.adapter,
+            "skipped": "no messages",
+            "messages": 0,
+            "accepted": False,
+            "certificate": term.to_dict(),
+            "batch_key": ctx.batch.key,
+            "version_after": self.policies[role.adapter].version(),
+        }
+        self.metrics.log("skipped", self.state.step, **record)
+        return LoggedUpdate(record)
 
     # ---- one update: the step, with what is measured and kept around it -------------------------------
     def update(self, ctx: UpdateContext[RolloutBatch]) -> LoggedUpdate:
         done = self.replay_updates.get((ctx.stage, ctx.index, ctx.role))
         if done is not None:  # resumed: this update completed before the interruption
             return LoggedUpdate(done)
+        skipped = self._skipped(ctx, self.roles[ctx.role])
+        if skipped is not None:
+            return skipped
         t0 = time.perf_counter()
         role = self.roles[ctx.role]
         policy = self.policies[role.adapter]

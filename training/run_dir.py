@@ -18,7 +18,6 @@ whose role and adapter names differ is saved and served under the same name.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +33,7 @@ from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
 from teamtr.training.checkpoint import adapter_dir
 from teamtr.training.config import TeamConfig, TrainConfig
+from teamtr.training.user_graph import RoleGraphTeam, UserGraphError, check_order, data_family, load_object
 
 CONFIG_FILE = "config.yaml"
 
@@ -68,13 +68,10 @@ def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
 
 def roles_from_factory(factory: str, options: dict[str, Any] | None = None) -> list[Role]:
     """`module:function` (called with `options`) -> the list of Role it returns."""
-    module_name, _, attr = factory.partition(":")
-    if not attr:
-        raise RunDirError(f"roles {factory!r}: expected 'module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise RunDirError(f"roles {factory!r}: {e}") from None
+    try:  # as the config's other `module:function` keys: the working directory is searched too
+        fn = load_object(factory, "roles")
+    except UserGraphError as e:
+        raise RunDirError(str(e).replace("'module:attribute'", "'module:function'")) from None
     roles = fn(**(options or {}))
     if not roles or not all(isinstance(r, Role) for r in roles):
         raise RunDirError(f"roles {factory!r} did not return a non-empty list of Role")
@@ -96,7 +93,7 @@ def team_roles(cfg: TrainConfig) -> list[Role]:
 
     if cfg.team.roles is None:
         # split's roles read private tables, which the trainer's rollouts do not pass
-        if cfg.task.name == "split":
+        if cfg.task.name == "split" and cfg.team.graph is None:
             raise RunDirError("task split: the trainer has no private per-role views; give team.roles")
         roles = default_roles(cfg.task.name, options=cfg.task.options, trainable=True)
     else:
@@ -107,6 +104,10 @@ def team_roles(cfg: TrainConfig) -> list[Role]:
     adapters = [r.adapter for r in roles]
     if len(set(adapters)) != len(adapters):
         raise RunDirError(f"roles share adapters {adapters}: each trained role needs its own")
+    try:  # a user graph's update order sigma (team.order); a Team's roles keep their turn order
+        roles = check_order(cfg.team.order, roles)
+    except UserGraphError as e:
+        raise RunDirError(str(e)) from None
     return with_bases(roles, cfg.team.role_bases)
 
 
@@ -133,12 +134,19 @@ def build_team(
     temperature: float | None = None,
     name: str = "team",
     options: dict[str, Any] | None = None,
-) -> Team:
+) -> Team | RoleGraphTeam:
     """The run's team on `engine`: `roles` (at `temperature` unless None), taking turns as the config says
-    (`options`: team_options(team_cfg), computed once by a caller that builds many). A router that does
-    not fit the roles (no declared destinations, an unknown role) is one RunDirError line."""
+    (`options`: team_options(team_cfg), computed once by a caller that builds many), or the user's own
+    graph over them when the config names one (team.graph: training/user_graph.py `graph_team`). A router
+    that does not fit the roles (no declared destinations, an unknown role), or a graph factory that does
+    not return a graph, is one RunDirError line."""
     if temperature is not None:
         roles = with_temperature(roles, temperature)
+    if team_cfg.graph is not None:
+        try:
+            return RoleGraphTeam.from_engine(team_cfg, roles, engine, name=name)
+        except UserGraphError as e:
+            raise RunDirError(str(e)) from None
     options = team_options(team_cfg) if options is None else options
     try:
         return Team.from_engine(roles, engine, name=name, **options)
@@ -183,7 +191,7 @@ class RunDir:
 
         if self.config.task.name not in task_names() and self.config.team.roles:
             _ = self.roles  # importing the roles' module may register the run's own task family
-        if self.config.task.name not in task_names():
+        if self.config.task.name not in task_names() and self.config.task.data is None:
             raise RunDirError(
                 f"{self.path / CONFIG_FILE}: task.name: unknown task {self.config.task.name!r}; "
                 f"known: {', '.join(task_names())}"
@@ -228,8 +236,9 @@ class RunDir:
 
     def team(
         self, roles: list[Role], engine: Any, *, temperature: float | None = None, name: str = "team"
-    ) -> Team:
-        """A team of `roles` on `engine` taking turns by the run's router (`build_team`)."""
+    ) -> Team | RoleGraphTeam:
+        """A team of `roles` on `engine` taking turns by the run's router, or the run's graph
+        (`build_team`)."""
         return build_team(
             self.config.team, roles, engine, temperature=temperature, name=name, options=self.team_options
         )
@@ -237,6 +246,11 @@ class RunDir:
     def task(self) -> TaskFamily:
         from teamtr.evals.tasks import get_task
 
+        if self.config.task.data is not None:  # a user graph's own tasks (training/user_graph.py)
+            try:
+                return data_family(self.config.task.data, self.config.task.name)
+            except UserGraphError as e:
+                raise RunDirError(f"{self.path / CONFIG_FILE}: {e}") from None
         return get_task(self.config.task.name, **self.config.task.options)
 
     def lora(self) -> LoraSettings:
