@@ -1,6 +1,7 @@
 """What the trainer measures around each update, beside the step itself (docs/training.md, "Certificate
 and diagnostics"): the stale gap, the occupancy divergence, the ESS of importance weights, the log-prob
-gap between the engine and the trainer, the adapter versions a batch was sampled with, and the
+gap between the engine and the trainer (`behaviour_gaps`: on every role's turns, when vLLM samples the
+rollouts), the adapter versions a batch was sampled with, and the
 out-of-sample trust-region monitor (KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`).
 """
 
@@ -26,6 +27,29 @@ MONITOR_CHUNK = 8  # messages per forward pass of the out-of-sample monitor ([M,
 def logprob_gap(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
     """mean |behaviour log-prob recorded by the engine - the trainer's own log pi_cur| per token."""
     return float(((old_logp - msgs.behaviour_logp).abs() * msgs.mask).sum() / msgs.mask.sum().clamp_min(1))
+
+
+def logprob_gap_max(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
+    """max |behaviour log-prob recorded by the engine - the trainer's own log pi_cur| over the tokens."""
+    return float(((old_logp - msgs.behaviour_logp).abs() * msgs.mask).max()) if msgs.mask.numel() else 0.0
+
+
+def behaviour_gaps(batch: RolloutBatch, policies: dict[str, AdapterPolicy]) -> dict[str, dict[str, float]]:
+    """adapter -> max / mean |recorded log-prob - the trainer's log-prob now| over the batch's turns of
+    that adapter, for every adapter the batch was sampled at the trainer's current version of. When
+    another engine (vLLM) samples the rollouts, this checks that it served the weights the trainer holds:
+    an adapter pushed late or not at all shows a gap of the size of the update, not of rounding."""
+    out: dict[str, dict[str, float]] = {}
+    for adapter, policy in policies.items():
+        turns = [t for _, t in _turns_of(batch, adapter) if t.completion_ids]
+        if not turns or any(t.adapter_version != policy.version() for t in turns):
+            continue
+        now = policy.score([t.prompt_ids for t in turns], [t.completion_ids for t in turns])
+        gaps = torch.cat(
+            [(lp - torch.tensor(t.logprobs, dtype=lp.dtype)).abs() for t, lp in zip(turns, now, strict=True)]
+        )
+        out[adapter] = {"max": float(gaps.max()), "mean": float(gaps.mean()), "tokens": int(gaps.numel())}
+    return out
 
 
 def ess_fraction(weights: np.ndarray) -> float:
