@@ -26,10 +26,11 @@ from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.vllm_engine import VLLMEngine
 from teamtr.serving.vllm_server import VLLMServer
 from teamtr.training.metrics import read_metrics
+from teamtr.training.run_dir import RunDir, RunDirError
 from teamtr.training.trainer import Trainer
+from teamtr.training.vllm_rollouts import serving_lora_rank
 
 pytest_plugins = ["vllm_fixtures"]
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 torch.set_num_threads(1)
 GAP_BOUND = 1e-4  # |vLLM log-prob - trainer's log-prob| per token, float32 on both sides
@@ -40,6 +41,8 @@ def saved_adapters(run_dir: Path, adapter: str) -> dict[int, Path]:
     return {int(p.name[1:]): p for p in (run_dir / "adapters" / adapter).glob("v*") if p.name[1:].isdigit()}
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
     vllm_model_dir: Path, vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
@@ -84,7 +87,9 @@ def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
         assert u["logprob_gap"] <= u["logprob_gap_max"] < GAP_BOUND
 
     worst = max(g["max"] for u in updates for g in u["rollout_logprob_gaps"].values())
-    print(f"max |vLLM - trainer| log-prob gap {worst:.2e}; push s {[u['adapter_push_seconds'] for u in updates]}")
+    print(
+        f"max |vLLM - trainer| log-prob gap {worst:.2e}; push s {[u['adapter_push_seconds'] for u in updates]}"
+    )
 
     # (c) the saved versions are the trainer's parameters, and vLLM serves the newest of them
     engine = trainer.engine
@@ -126,3 +131,22 @@ def reference_tempered(
 ) -> list[float]:
     [lp] = engine.token_logprobs([prompt], [completion], adapter, temperature=TEMPERATURE)
     return lp.tolist()
+
+
+def test_vllm_rollout_settings_that_cannot_work_are_one_error_before_training(
+    vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    tiny_model = str(vllm_model_dir)  # only built: no server is asked for
+    two_bases = {"team.bases": {"other": tiny_model}, "team.role_bases": {"adder2": "other"}}
+    cases = {
+        "rollout.vllm_url attaches one server, but the team sits on 2 bases": two_bases,
+        "cannot reach a vLLM server at http://127.0.0.1:9": {},
+    }
+    for message, overrides in cases.items():
+        cfg = small_config(tiny_model, tmp_path / f"run{len(overrides)}", **overrides)
+        cfg = cfg.with_overrides({"rollout.engine": "vllm", "rollout.vllm_url": "http://127.0.0.1:9"})
+        run = RunDir.create(cfg)
+        with pytest.raises(RunDirError, match=message):
+            run.rollout_engine(run.engine("fresh"))
+    # the launcher's --max-lora-rank: a rank vLLM accepts that holds the run's adapters
+    assert [serving_lora_rank(r) for r in (4, 8, 16, 17, 64, 100)] == [16, 16, 16, 32, 64, 128]

@@ -32,6 +32,7 @@ from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.team import Team, TeamError, load_router
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
+from teamtr.serving.vllm_server import VLLMServerError
 from teamtr.training.checkpoint import adapter_dir
 from teamtr.training.config import TeamConfig, TrainConfig
 from teamtr.training.vllm_rollouts import RolloutEngineError, VLLMRollouts, open_vllm_rollouts
@@ -351,5 +352,5 @@ class RunDir:
                 args=rollout.vllm_args,
                 env=rollout.vllm_env,
             )
-        except RolloutEngineError as e:
-            raise RunDirError(f"{self.path / CONFIG_FILE}: {e}") from None
+        except (RolloutEngineError, VLLMServerError) as e:  # a bad URL, a server that would not start
+            raise RunDirError(f"{self.path / CONFIG_FILE}: rollout.engine vllm: {e}") from None
