@@ -8,7 +8,10 @@ the trainer's embedded engine loads too. What must hold:
   the new weights: the log-probs it recorded for role i's turns equal the trainer's at the new weights;
 - the gap between vLLM's recorded log-probs and the trainer's recomputed ones stays below GAP_BOUND for
   every role's turns (float32 on both sides: only the order of summation differs, ~1e-6 here);
-- the adapters saved (and pushed) are the trainer's parameters, and vLLM serves the last of them.
+- the adapters saved (and pushed) are the trainer's parameters, and vLLM serves the last of them;
+- a fresh rollout engine (a resumed run's) records the trainer's versions of what it pushed, whatever
+  the server held before, and refuses to sample an adapter it never pushed;
+- an attach URL for a team on two bases, or one nobody answers at, is one RunDirError before training.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_training_trainer import small_config
+from vllm_fixtures import random_lora_adapter
 
 from teamtr.graphs.engine import SamplingParams
 from teamtr.serving.embedded import EmbeddedEngine
@@ -28,7 +32,7 @@ from teamtr.serving.vllm_server import VLLMServer
 from teamtr.training.metrics import read_metrics
 from teamtr.training.run_dir import RunDir, RunDirError
 from teamtr.training.trainer import Trainer
-from teamtr.training.vllm_rollouts import serving_lora_rank
+from teamtr.training.vllm_rollouts import VLLMRollouts, serving_lora_rank
 
 pytest_plugins = ["vllm_fixtures"]
 
@@ -150,3 +154,32 @@ def test_vllm_rollout_settings_that_cannot_work_are_one_error_before_training(
             run.rollout_engine(run.engine("fresh"))
     # the launcher's --max-lora-rank: a rank vLLM accepts that holds the run's adapters
     assert [serving_lora_rank(r) for r in (4, 8, 16, 17, 64, 100)] == [16, 16, 16, 32, 64, 128]
+
+
+@pytest.mark.vllm
+def test_a_fresh_rollout_engine_records_the_trainers_versions_of_what_it_pushed(
+    vllm_model_dir: Path, vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """A resumed run's situation: a new VLLMRollouts on a server that may hold the adapter already, at
+    trainer versions far from VLLMEngine's own count (0 at its first load)."""
+    first = random_lora_adapter(vllm_model_dir, tmp_path / "v7", seed=1)
+    second = random_lora_adapter(vllm_model_dir, tmp_path / "v8", seed=2)
+    rollouts = VLLMRollouts(VLLMEngine({"base": vllm_server}))
+    reference = EmbeddedEngine(str(vllm_model_dir), adapters={"v7": str(first), "v8": str(second)})
+    ids = rollouts.tokenizer()("1+2+3")["input_ids"]
+    sampling = SamplingParams(temperature=TEMPERATURE, max_new_tokens=8, seed=5)
+    try:
+        with pytest.raises(KeyError, match="never pushed"):  # not sampled from whatever the server holds
+            asyncio.run(rollouts.generate(ids, adapter="resumed-role", sampling=sampling))
+        for version, weights in ((7, "v7"), (8, "v8")):
+            rollouts.push("resumed-role", tmp_path / weights, version)
+            gen = asyncio.run(rollouts.generate(ids, adapter="resumed-role", sampling=sampling))
+            assert gen.adapter_version == version == rollouts.adapter_version("resumed-role")
+            expected = torch.tensor(reference_tempered(reference, ids, gen.completion_ids, weights))
+            assert (torch.tensor(gen.logprobs) - expected).abs().max() < GAP_BOUND
+        assert rollouts.sync({("base", "resumed-role"): (8, second)}) == []  # vLLM serves v8 already
+        assert rollouts.sync({("base", "resumed-role"): (7, first)}) == ["resumed-role"]
+        assert rollouts.adapter_version("resumed-role") == 7
+    finally:
+        rollouts.close()  # attached: the session's server keeps running
+    assert vllm_server.is_running()
