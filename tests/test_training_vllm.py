@@ -67,7 +67,7 @@ def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
         },
     )
     trainer = Trainer(cfg)
-    trainer.train()
+    summary = trainer.train()
     updates = read_metrics(run_dir, kind="update")
 
     assert [u["index"] for u in updates] == [1, 2, 3]
@@ -91,6 +91,7 @@ def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
         assert u["logprob_gap"] <= u["logprob_gap_max"] < GAP_BOUND
 
     worst = max(g["max"] for u in updates for g in u["rollout_logprob_gaps"].values())
+    assert summary["rollout_logprob_gap_max"] == worst  # the run record reports it
     print(
         f"max |vLLM - trainer| log-prob gap {worst:.2e}; push s {[u['adapter_push_seconds'] for u in updates]}"
     )

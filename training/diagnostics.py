@@ -235,3 +235,14 @@ def out_of_sample_summary(updates: list[dict]) -> dict[str, float | None]:
         "left_region_out_of_sample_fraction": float(np.mean(flags)) if flags else None,
         "kl_out_of_sample_mean": float(np.mean(values)) if values else None,
     }
+
+
+def logprob_gap_summary(updates: list[dict]) -> dict[str, float | None]:
+    """Per run: the largest |engine's recorded log-prob - trainer's| of any update's role (the updated
+    role's own gap) and, when vLLM sampled the rollouts, of any role's turns in any batch."""
+    own = [u["logprob_gap_max"] for u in updates if u.get("logprob_gap_max") is not None]
+    rollout = [g["max"] for u in updates for g in (u.get("rollout_logprob_gaps") or {}).values()]
+    return {
+        "logprob_gap_max": max(own) if own else None,
+        "rollout_logprob_gap_max": max(rollout) if rollout else None,
+    }

@@ -38,7 +38,7 @@ from teamtr.training.checkpoint import (
     set_rng_state,
 )
 from teamtr.training.config import TrainConfig
-from teamtr.training.diagnostics import out_of_sample_summary
+from teamtr.training.diagnostics import logprob_gap_summary, out_of_sample_summary
 from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.progress import TrainingProgress
@@ -262,6 +262,7 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "rejected_fraction": float(np.mean([not u["accepted"] for u in updates])) if updates else 0.0,
         # the same on held-out contexts, after the update: exact KL(pi_cur || pi_new) > delta
         **out_of_sample_summary(updates),
+        **logprob_gap_summary(updates),  # engine vs trainer log-probs (vLLM rollouts: every role's turns)
     }
 
 
