@@ -1,4 +1,5 @@
-"""`rollout.engine: vllm`: one TeamTR stage whose rollouts a real vLLM server samples (training/vllm_rollouts.py).
+"""`rollout.engine: vllm`: one TeamTR stage whose rollouts a real vLLM server samples
+(training/vllm_rollouts.py).
 
 The team and task are tests/test_training_trainer.py's (the chain team's three roles, reward for a
 final message starting with a digit) on the session's tiny vLLM model (tests/vllm_fixtures.py), which
@@ -93,7 +94,8 @@ def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
     worst = max(g["max"] for u in updates for g in u["rollout_logprob_gaps"].values())
     assert summary["rollout_logprob_gap_max"] == worst  # the run record reports it
     print(
-        f"max |vLLM - trainer| log-prob gap {worst:.2e}; push s {[u['adapter_push_seconds'] for u in updates]}"
+        f"max |vLLM - trainer| log-prob gap {worst:.2e}; "
+        f"push s {[u['adapter_push_seconds'] for u in updates]}"
     )
 
     # (c) the saved versions are the trainer's parameters, and vLLM serves the newest of them

@@ -3,10 +3,11 @@
 One `EmbeddedEngine` (one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
 AdamW), rollouts through the team's LangGraph graph, sampled by that engine or, with `rollout.engine:
 vllm`, by a vLLM server to which each accepted adapter version is pushed before the next rollout
-(training/vllm_rollouts.py); the update's log-probs are always the embedded engine's. `update` is a thin adapter around the per-agent
-step (training/teamtr_step.py): it replays updates a resumed run already completed, measures the
-diagnostics around the step (training/diagnostics.py), saves the accepted adapter, logs the update
-record and hands over to the trainer's checkpoint. The schedule (teamtr / naive / joint /
+(training/vllm_rollouts.py); the update's log-probs are always the embedded engine's. `update` is a
+thin adapter around the per-agent step (training/teamtr_step.py): it replays updates a resumed run
+already completed, measures the diagnostics around the step (training/diagnostics.py), saves the
+accepted adapter (and pushes it to vLLM), logs the update record and hands over to the trainer's
+checkpoint. The schedule (teamtr / naive / joint /
 resample_every / importance_weighting) only changes which batch `update` receives.
 """
 
