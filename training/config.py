@@ -87,6 +87,12 @@ class RolloutConfig(_Strict):
     # sampling temperature of the rollouts: the trainer trains pi_T = softmax(logits / T) at this T (its
     # log pi_cur / pi_new are computed at T); turns sampled otherwise are refused (training/behaviour.py)
     temperature: float = Field(1.0, gt=0)
+    # who samples the rollouts: the trainer's embedded engine, or a vLLM server (training/vllm_rollouts.py)
+    # to which each accepted adapter version is pushed; the update's log-probs are the trainer's either way
+    engine: Literal["embedded", "vllm"] = "embedded"
+    vllm_url: str | None = None  # vllm: attach to this server (serving the run's base model); None: launch
+    vllm_args: list[str] = Field(default_factory=list)  # vllm, launched: extra server arguments
+    vllm_env: dict[str, str] = Field(default_factory=dict)  # ... and environment (CUDA_VISIBLE_DEVICES)
 
 
 class LossConfig(_Strict):

@@ -1,8 +1,9 @@
 """What the trainer measures around each update, beside the step itself (docs/training.md, "Certificate
 and diagnostics"): the stale gap, the occupancy divergence, the ESS of importance weights, the log-prob
-gap between the engine and the trainer, the adapter versions a batch was sampled with, and the
-out-of-sample trust-region monitor (KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`), which also
-gives the certificate its held-out surrogate (`OutOfSampleKL.heldout_surrogate`).
+gap between the engine and the trainer (`behaviour_gaps`: on every role's turns, when vLLM samples the
+rollouts), the adapter versions a batch was sampled with, and the out-of-sample trust-region monitor
+(KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`), which also gives the certificate its held-out
+surrogate (`OutOfSampleKL.heldout_surrogate`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,29 @@ MONITOR_CHUNK = 8  # messages per forward pass of the out-of-sample monitor ([M,
 def logprob_gap(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
     """mean |behaviour log-prob recorded by the engine - the trainer's own log pi_cur| per token."""
     return float(((old_logp - msgs.behaviour_logp).abs() * msgs.mask).sum() / msgs.mask.sum().clamp_min(1))
+
+
+def logprob_gap_max(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
+    """max |behaviour log-prob recorded by the engine - the trainer's own log pi_cur| over the tokens."""
+    return float(((old_logp - msgs.behaviour_logp).abs() * msgs.mask).max()) if msgs.mask.numel() else 0.0
+
+
+def behaviour_gaps(batch: RolloutBatch, policies: dict[str, AdapterPolicy]) -> dict[str, dict[str, float]]:
+    """adapter -> max / mean |recorded log-prob - the trainer's log-prob now| over the batch's turns of
+    that adapter, for every adapter the batch was sampled at the trainer's current version of. When
+    another engine (vLLM) samples the rollouts, this checks that it served the weights the trainer holds:
+    an adapter pushed late or not at all shows a gap of the size of the update, not of rounding."""
+    out: dict[str, dict[str, float]] = {}
+    for adapter, policy in policies.items():
+        turns = [t for _, t in _turns_of(batch, adapter) if t.completion_ids]
+        if not turns or any(t.adapter_version != policy.version() for t in turns):
+            continue
+        now = policy.score([t.prompt_ids for t in turns], [t.completion_ids for t in turns])
+        gaps = torch.cat(
+            [(lp - torch.tensor(t.logprobs, dtype=lp.dtype)).abs() for t, lp in zip(turns, now, strict=True)]
+        )
+        out[adapter] = {"max": float(gaps.max()), "mean": float(gaps.mean()), "tokens": int(gaps.numel())}
+    return out
 
 
 def ess_fraction(weights: np.ndarray) -> float:
@@ -246,4 +270,15 @@ def out_of_sample_summary(updates: list[dict]) -> dict[str, float | None]:
     return {
         "left_region_out_of_sample_fraction": float(np.mean(flags)) if flags else None,
         "kl_out_of_sample_mean": float(np.mean(values)) if values else None,
+    }
+
+
+def logprob_gap_summary(updates: list[dict]) -> dict[str, float | None]:
+    """Per run: the largest |engine's recorded log-prob - trainer's| of any update's role (the updated
+    role's own gap) and, when vLLM sampled the rollouts, of any role's turns in any batch."""
+    own = [u["logprob_gap_max"] for u in updates if u.get("logprob_gap_max") is not None]
+    rollout = [g["max"] for u in updates for g in (u.get("rollout_logprob_gaps") or {}).values()]
+    return {
+        "logprob_gap_max": max(own) if own else None,
+        "rollout_logprob_gap_max": max(rollout) if rollout else None,
     }

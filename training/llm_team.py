@@ -1,10 +1,13 @@
 """The `StageTeam` of an LLM team: what training/stage.py `run_stage` drives for `teamtr train`.
 
 One `EmbeddedEngine` (one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
-AdamW), rollouts through the team's LangGraph graph. `update` is a thin adapter around the per-agent
-step (training/teamtr_step.py): it replays updates a resumed run already completed, measures the
-diagnostics around the step (training/diagnostics.py), saves the accepted adapter, logs the update
-record and hands over to the trainer's checkpoint. The schedule (teamtr / naive / joint /
+AdamW), rollouts through the team's LangGraph graph, sampled by that engine or, with `rollout.engine:
+vllm`, by a vLLM server to which each accepted adapter version is pushed before the next rollout
+(training/vllm_rollouts.py); the update's log-probs are always the embedded engine's. `update` is a
+thin adapter around the per-agent step (training/teamtr_step.py): it replays updates a resumed run
+already completed, measures the diagnostics around the step (training/diagnostics.py), saves the
+accepted adapter (and pushes it to vLLM), logs the update record and hands over to the trainer's
+checkpoint. The schedule (teamtr / naive / joint /
 resample_every / importance_weighting) only changes which batch `update` receives.
 """
 
@@ -35,9 +38,11 @@ from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import (
     OutOfSampleKL,
     StaleGap,
+    behaviour_gaps,
     ess_fraction,
     importance_weights,
     logprob_gap,
+    logprob_gap_max,
     occupancy_divergence,
     turn_versions,
 )
@@ -48,6 +53,7 @@ from teamtr.training.rollouts import RolloutBatch
 from teamtr.training.run_dir import RunDirError, build_team
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, teamtr_step
+from teamtr.training.vllm_rollouts import VLLMRollouts
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +106,15 @@ class LLMStageTeam:
         state: RunState,
         run_dir: Path,
         progress: TrainingProgress,
+        rollout_engine: EmbeddedEngine | VLLMRollouts | None = None,
     ) -> None:
         self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
         self.run_dir, self.progress = run_dir, progress
         self.roles = {r.name: r for r in roles}
-        self.team = build_team(cfg.team, roles, engine, temperature=cfg.rollout.temperature, name="train")
+        # rollout.engine: vllm: the team samples through vLLM, to which every accepted version is pushed
+        self.vllm = rollout_engine if isinstance(rollout_engine, VLLMRollouts) else None
+        rollouts = engine if rollout_engine is None else rollout_engine
+        self.team = build_team(cfg.team, roles, rollouts, temperature=cfg.rollout.temperature, name="train")
         self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
         for r in roles:
             params = engine.adapter_parameters(r.adapter, r.base_model)
@@ -131,6 +141,17 @@ class LLMStageTeam:
     def versions(self) -> dict[str, int]:
         return {a: p.version() for a, p in self.policies.items()}
 
+    def sync_rollout_adapters(self) -> None:
+        """vLLM mode: make the server serve every role's current version (its saved directory) before
+        episodes are sampled: the run's start, a resume, anything an update did not push."""
+        if self.vllm is not None:
+            self.vllm.sync(
+                {
+                    (p.base, a): (p.version(), adapter_dir(self.run_dir, a, p.version()))
+                    for a, p in self.policies.items()
+                }
+            )
+
     def rollout(self, stage: int, index: int) -> RolloutBatch:
         """G episodes per prompt of the current intermediate team pi^index, through the team's graph."""
         key = f"s{stage}-k{index}"
@@ -138,6 +159,7 @@ class LLMStageTeam:
             return self.stage_batches[key]
         if index == 0:  # stage start: remember pi^0 (occupancy divergence is measured against it)
             self.stage_start_weights = {a: p.weights() for a, p in self.policies.items()}
+        self.sync_rollout_adapters()
         trajectories = self._episodes(
             f"stage {stage} rollout {index}",
             self.stage_prompts(stage),
@@ -164,6 +186,7 @@ class LLMStageTeam:
         prompts = self.task.generate(
             n, seed=derive_seed(self.cfg.task.train_seed, "kl-monitor", stage, index)
         )
+        self.sync_rollout_adapters()
         trajectories = self._episodes(
             f"stage {stage} KL-monitor episodes before update {index}",
             prompts,
@@ -230,6 +253,8 @@ class LLMStageTeam:
         weights = importance_weights(ctx.batch, self.policies) if ctx.reweight else None
         stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
         monitor = OutOfSampleKL.before(self.monitor_episodes(ctx.stage, ctx.index), ctx.role, policy)
+        # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
+        rollout_gaps = behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None
 
         step = teamtr_step(
             ctx.batch,
@@ -244,17 +269,24 @@ class LLMStageTeam:
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
         self.state.betas[ctx.role] = step.region.beta_next
+        push_seconds = None
         if step.accepted:  # the version `teamtr serve` loads
-            save_peft_adapter(
+            saved = save_peft_adapter(
                 self.engine.model(policy.base),
                 policy.adapter,
                 adapter_dir(self.run_dir, role.adapter, step.version),
             )
+            if self.vllm is not None:  # the next rollouts (the resample of pi^i) sample this version
+                push_seconds = self.vllm.push(role.adapter, saved, step.version, policy.base)
 
         monitored = monitor.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token)
         diagnostics = {
             "clip_fraction": float(step.surrogate.clip_fraction),
             "logprob_gap": logprob_gap(step.messages, step.old_logp),
+            "logprob_gap_max": logprob_gap_max(step.messages, step.old_logp),
+            "rollout_engine": self.cfg.rollout.engine,
+            "rollout_logprob_gaps": rollout_gaps,
+            "adapter_push_seconds": push_seconds,
             "certificate": heldout_certificate(step, monitor, monitored).to_dict(),
             "ess": ess_fraction(weights) if weights is not None else None,
             **stale_gap.after(step, policy),

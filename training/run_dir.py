@@ -31,9 +31,11 @@ from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.team import Team, TeamError, load_router
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
 from teamtr.serving.registry import version_dirs
+from teamtr.serving.vllm_server import VLLMServerError
 from teamtr.training.checkpoint import adapter_dir
 from teamtr.training.config import TeamConfig, TrainConfig
 from teamtr.training.user_graph import RoleGraphTeam, UserGraphError, check_order, data_family, load_object
+from teamtr.training.vllm_rollouts import RolloutEngineError, VLLMRollouts, open_vllm_rollouts
 
 CONFIG_FILE = "config.yaml"
 
@@ -329,6 +331,8 @@ class RunDir:
             {**self.base_paths(roles), **(extra_bases or {})},
             lora=self.lora(),
             threads=self.config.torch_threads if threads is None else threads,
+            device=self.config.team.device,
+            dtype=self.config.team.dtype,
         )
         for r in roles:
             if r.adapter is None or r.adapter in engine.adapters(r.base_model):
@@ -341,3 +345,26 @@ class RunDir:
                 while engine.adapter_version(r.adapter, r.base_model) < version:  # episodes record vN
                     engine.commit_adapter_update(r.adapter, r.base_model)
         return engine
+
+    def rollout_engine(
+        self, trainer_engine: EmbeddedEngine, roles: list[Role] | None = None
+    ) -> EmbeddedEngine | VLLMRollouts:
+        """The engine the training team samples its rollouts through (`rollout.engine`): the trainer's
+        own (`embedded`), or vLLM (`vllm`: the server at `rollout.vllm_url`, else one launched per base in
+        the trainer's dtype; `close()` stops it), whose adapters the trainer pushes (training/llm_team.py)."""
+        rollout = self.config.rollout
+        if rollout.engine == "embedded":
+            return trainer_engine
+        roles = self.roles if roles is None else roles
+        try:
+            return open_vllm_rollouts(
+                self.base_paths(roles),
+                url=rollout.vllm_url,
+                dtype=str(trainer_engine.dtype).removeprefix("torch."),
+                lora_rank=self.config.team.lora_rank,
+                adapters=len({r.adapter for r in roles if r.adapter is not None}),
+                args=rollout.vllm_args,
+                env=rollout.vllm_env,
+            )
+        except (RolloutEngineError, VLLMServerError) as e:  # a bad URL, a server that would not start
+            raise RunDirError(f"{self.path / CONFIG_FILE}: rollout.engine vllm: {e}") from None

@@ -38,13 +38,14 @@ from teamtr.training.checkpoint import (
     set_rng_state,
 )
 from teamtr.training.config import TrainConfig
-from teamtr.training.diagnostics import out_of_sample_summary
+from teamtr.training.diagnostics import logprob_gap_summary, out_of_sample_summary
 from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
 from teamtr.training.run_dir import RunDir, build_team, model_path
 from teamtr.training.stage import run_stage
+from teamtr.training.vllm_rollouts import VLLMRollouts
 
 
 def held_out_return(team: Team, task: TaskFamily, tasks: list[TaskInstance], seed: int) -> dict[str, Any]:
@@ -80,13 +81,39 @@ class Trainer:
         task = run.task()
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
         engine = self._engine or run.engine("fresh", threads=cfg.torch_threads)
+        rollout_engine = run.rollout_engine(engine, roles)  # rollout.engine: the trainer's, or vLLM
+        try:
+            return self._run(run, roles, task, engine, rollout_engine)
+        finally:
+            if isinstance(rollout_engine, VLLMRollouts):
+                rollout_engine.close()  # a server launched for the run ends with it
+
+    def _run(
+        self,
+        run: RunDir,
+        roles: list[Role],
+        task: TaskFamily,
+        engine: EmbeddedEngine,
+        rollout_engine: EmbeddedEngine | VLLMRollouts,
+    ) -> dict[str, Any]:
+        cfg = self.cfg
         ckpt = load_latest_checkpoint(self.run_dir)
         state = RunState()
         metrics = MetricsLog(self.run_dir)
         if ckpt is not None:
             metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
             state = RunState(**ckpt.state["run"])
-        team = LLMStageTeam(cfg, engine, roles, task, metrics, state, self.run_dir, self.progress)
+        team = LLMStageTeam(
+            cfg,
+            engine,
+            roles,
+            task,
+            metrics,
+            state,
+            self.run_dir,
+            self.progress,
+            rollout_engine=rollout_engine,
+        )
         start_stage = 0
         if ckpt is not None:
             start_stage = self._restore(team, ckpt)
@@ -236,6 +263,7 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "rejected_fraction": float(np.mean([not u["accepted"] for u in updates])) if updates else 0.0,
         # the same on held-out contexts, after the update: exact KL(pi_cur || pi_new) > delta
         **out_of_sample_summary(updates),
+        **logprob_gap_summary(updates),  # engine vs trainer log-probs (vLLM rollouts: every role's turns)
     }
 
 
