@@ -43,21 +43,9 @@ def random_case(
     gamma = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
     family = rng.uniform()
     if family < 0.1:  # partly readable contexts: one policy over the contexts a role cannot tell apart
-        instance = convention_instance(
-            n,
-            rounds=int(rng.integers(1, 3)),
-            conventions=int(rng.integers(2, 4)),
-            legibility=float(rng.choice([0.0, rng.uniform()])),
-            gamma=gamma,
-        )
-        logits = convention_warm_logits(
-            instance, rng, competence=float(rng.uniform(0, 4)), slip=float(rng.uniform(0, 4)), noise=1.0
-        )
+        instance, logits = _convention(rng, n, gamma, rounds=int(rng.integers(1, 3)))
     elif family < 0.3:
-        instance = chain_instance(
-            n, rng, rounds=int(rng.integers(1, 3)), flavours=int(rng.integers(1, 3)), gamma=gamma
-        )
-        logits = chain_warm_logits(instance, rng, competence=float(rng.uniform(0, 4)), noise=1.0)
+        instance, logits = _chain(rng, n, gamma, rounds=int(rng.integers(1, 3)))
     else:
         instance = random_instance(
             rng,
@@ -70,14 +58,7 @@ def random_case(
             concentration=float(rng.choice([0.1, 0.5, 2.0])),
         )
         logits = random_logits(instance, rng, float(rng.uniform(0.0, 3.0)))
-    return RandomCase(
-        instance=instance,
-        logits=logits,
-        delta=float(np.exp(rng.uniform(np.log(1e-3), np.log(2.0)))),
-        schedule=SEQUENTIAL_SCHEDULES[int(rng.integers(len(SEQUENTIAL_SCHEDULES)))],
-        order=str(rng.choice(["fixed", "reversed", "random"])),
-        stages=int(rng.integers(1, 3)),
-    )
+    return _case(rng, instance, logits)
 
 
 def speak_once_case(rng: np.random.Generator, max_agents: int = 4, max_contexts: int = 3) -> RandomCase:
@@ -88,19 +69,9 @@ def speak_once_case(rng: np.random.Generator, max_agents: int = 4, max_contexts:
     gamma = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
     family = rng.uniform()
     if family < 0.2:
-        instance = convention_instance(
-            n,
-            rounds=1,
-            conventions=int(rng.integers(2, 4)),
-            legibility=float(rng.choice([0.0, rng.uniform()])),
-            gamma=gamma,
-        )
-        logits = convention_warm_logits(
-            instance, rng, competence=float(rng.uniform(0, 4)), slip=float(rng.uniform(0, 4)), noise=1.0
-        )
+        instance, logits = _convention(rng, n, gamma, rounds=1)
     elif family < 0.5:
-        instance = chain_instance(n, rng, rounds=1, flavours=int(rng.integers(1, 3)), gamma=gamma)
-        logits = chain_warm_logits(instance, rng, competence=float(rng.uniform(0, 4)), noise=1.0)
+        instance, logits = _chain(rng, n, gamma, rounds=1)
     else:
         instance = random_instance(
             rng,
@@ -113,6 +84,30 @@ def speak_once_case(rng: np.random.Generator, max_agents: int = 4, max_contexts:
             concentration=float(rng.choice([0.1, 0.5, 2.0])),
         )
         logits = random_logits(instance, rng, float(rng.uniform(0.0, 3.0)))
+    return _case(rng, instance, logits)
+
+
+def _convention(rng: np.random.Generator, n: int, gamma: float, rounds: int) -> tuple[TeamInstance, Logits]:
+    instance = convention_instance(
+        n,
+        rounds=rounds,
+        conventions=int(rng.integers(2, 4)),
+        legibility=float(rng.choice([0.0, rng.uniform()])),
+        gamma=gamma,
+    )
+    logits = convention_warm_logits(
+        instance, rng, competence=float(rng.uniform(0, 4)), slip=float(rng.uniform(0, 4)), noise=1.0
+    )
+    return instance, logits
+
+
+def _chain(rng: np.random.Generator, n: int, gamma: float, rounds: int) -> tuple[TeamInstance, Logits]:
+    instance = chain_instance(n, rng, rounds=rounds, flavours=int(rng.integers(1, 3)), gamma=gamma)
+    return instance, chain_warm_logits(instance, rng, competence=float(rng.uniform(0, 4)), noise=1.0)
+
+
+def _case(rng: np.random.Generator, instance: TeamInstance, logits: Logits) -> RandomCase:
+    """A case's training settings, drawn after its team (the same draws in the same order for every family)."""
     return RandomCase(
         instance=instance,
         logits=logits,
