@@ -42,6 +42,18 @@ def _tagged(model: BaseChatModel | Runnable, role: Role) -> BaseChatModel | Runn
     return model.with_config(metadata=role_metadata(role))
 
 
+def role_chat_model(role: Role, engine: Any, chat_format: ChatFormat | None = None) -> EngineChatModel:
+    """The engine-backed chat model of `role`: its adapter, base model and sampling settings."""
+    return EngineChatModel(
+        engine=engine,
+        adapter=role.adapter,
+        base_model=role.base_model,
+        sampling=role.sampling,
+        chat_format=chat_format,
+        role=role.name,
+    )
+
+
 class RoleModels:
     """One chat model per role: engine-backed by default, or the model given for that role in `models`.
 
@@ -72,14 +84,7 @@ class RoleModels:
             if r.name in given:
                 self._raw[r.name] = given[r.name]
             elif engine is not None:
-                self._raw[r.name] = EngineChatModel(
-                    engine=engine,
-                    adapter=r.adapter,
-                    base_model=r.base_model,
-                    sampling=r.sampling,
-                    chat_format=chat_format,
-                    role=r.name,
-                )
+                self._raw[r.name] = role_chat_model(r, engine, chat_format)
         missing = [n for n in names if n not in self._raw]
         if missing:
             raise ValueError(f"no engine and no chat model for roles {missing}")

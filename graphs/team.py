@@ -28,8 +28,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from teamtr.graphs.capture import EpisodeRunner, derive_seed, run_episode
 from teamtr.graphs.chat_format import ChatFormat, template_traits
-from teamtr.graphs.chat_model import EngineChatModel
-from teamtr.graphs.role_models import RoleModels
+from teamtr.graphs.role_models import RoleModels, role_chat_model
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory
@@ -142,17 +141,7 @@ class Team(EpisodeRunner):
     ) -> Team:
         """Every role speaks through `engine` with its own adapter, base model and sampling settings;
         `chat_format` says how the team's context goes through the chat template (graphs/chat_format.py)."""
-        models = {
-            r.name: EngineChatModel(
-                engine=engine,
-                adapter=r.adapter,
-                base_model=r.base_model,
-                sampling=r.sampling,
-                chat_format=chat_format,
-                role=r.name,
-            )
-            for r in roles
-        }
+        models = {r.name: role_chat_model(r, engine, chat_format) for r in roles}
         for base in {r.base_model for r in roles}:  # a template that cannot render a team fails here
             template_traits(engine.tokenizer(base), (chat_format or ChatFormat()).template_kwargs)
         return cls(roles=roles, models=models, **kwargs)
