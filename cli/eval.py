@@ -52,6 +52,12 @@ def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None
         raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
     if (path / "config.yaml").is_file():
         run = RunDir(path)
+        if run.config.team.graph is not None:  # the harness drives Team-shaped teams on task families
+            raise ValueError(
+                f"{path} trains the graph {run.config.team.graph}: `teamtr eval` runs Team-shaped teams on a "
+                "task family; a graph run's held-out return is in its metrics.jsonl (`eval` records) and "
+                "`teamtr serve` serves it"
+            )
         adapters = {a: d for a, (_, d) in run.latest_adapters().items()}
         engine = run.engine(threads=threads)
         return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)

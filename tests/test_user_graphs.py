@@ -375,3 +375,17 @@ def test_a_messages_state_graph_gets_the_chat_messages_themselves(tiny_model, tm
     # the graph's MessagesState input is the two messages (a Team would see "system: Be terse.\nhello")
     assert tokenizer.decode(turn.prompt_ids).startswith("Be terse.\nhello\n")
     assert r.model_extra["teamtr"]["turns"][0]["role"] == "solo"
+
+
+def test_teamtr_eval_refuses_a_graph_run_in_one_line(tiny_model, tmp_path):
+    """`teamtr eval` drives Team-shaped teams on a task family: on a graph run it says so instead of
+    evaluating some other team."""
+    from typer.testing import CliRunner
+
+    from teamtr.cli.main import app
+
+    train(example_config("review_loop", tiny_model, tmp_path / "run", **{"eval.stage_episodes": 0}))
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--task", "chain", "--limit", "2"])
+    assert result.exit_code != 0
+    assert "trains the graph examples.review_loop:build" in result.output
+    assert "Traceback" not in result.output
