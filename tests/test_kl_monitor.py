@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_training_trainer import small_config, train  # importing it registers the trainer tests' task
+from test_training_trainer import (  # importing it registers the trainer tests' task
+    small_config,
+    stage_team,
+    train,
+)
 
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.trajectory import Trajectory, Turn
@@ -105,20 +108,10 @@ def test_monitor_equals_a_brute_force_vocabulary_kl(tiny_model_dir, temperature)
 
 
 def test_monitor_is_zero_for_a_rejected_update_and_positive_for_an_accepted_one(tiny_model, tmp_path):
-    from teamtr.evals.tasks import get_task
-    from teamtr.training.llm_team import LLMStageTeam, RunState
-    from teamtr.training.metrics import MetricsLog
-    from teamtr.training.progress import TrainingProgress
     from teamtr.training.stage import UpdateContext
 
     cfg = small_config(tiny_model, tmp_path / "run", **{"trust_region.monitor_episodes": 4})
-    roles = sys.modules["teamtr_test_team"].roles()
-    torch.manual_seed(0)
-    engine = EmbeddedEngine(
-        tiny_model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1
-    )
-    team = LLMStageTeam(cfg, engine, roles, get_task("test-digit-start"), MetricsLog(tmp_path / "run", tensorboard=False),
-                        RunState(), tmp_path / "run", TrainingProgress())  # fmt: skip
+    team = stage_team(cfg, tiny_model)
     batch = team.rollout(0, 0)
     accepted = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
     assert accepted.accepted

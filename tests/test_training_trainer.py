@@ -80,6 +80,22 @@ def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
     return TrainConfig.from_dict(base).with_overrides(overrides)
 
 
+def stage_team(cfg: TrainConfig, model: str):
+    """The LLM team of `cfg` on a fresh engine (seeded LoRA initialisation), for tests of single updates."""
+    from teamtr.evals.tasks import get_task
+    from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.training.llm_team import LLMStageTeam, RunState
+    from teamtr.training.metrics import MetricsLog
+    from teamtr.training.progress import TrainingProgress
+
+    roles = sys.modules["teamtr_test_team"].roles()
+    torch.manual_seed(0)
+    engine = EmbeddedEngine(model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1)
+    run_dir = Path(cfg.run_dir)
+    metrics = MetricsLog(run_dir, tensorboard=False)
+    return LLMStageTeam(cfg, engine, roles, get_task("test-digit-start"), metrics, RunState(), run_dir, TrainingProgress())
+
+
 def train(cfg: TrainConfig) -> list[dict]:
     from teamtr.training.trainer import Trainer
 
@@ -155,24 +171,14 @@ def test_every_accepted_update_is_inside_the_trust_region(tiny_model, tmp_path):
 
 
 def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path):
-    from teamtr.evals.tasks import get_task
-    from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
-    from teamtr.training.llm_team import LLMStageTeam, RunState
-    from teamtr.training.metrics import MetricsLog
-    from teamtr.training.progress import TrainingProgress
     from teamtr.training.stage import UpdateContext
 
     cfg = small_config(
         tiny_model, tmp_path / "run", **{"optim.lr": 0.5, "trust_region.delta": 1e-9, "trust_region.max_backtracks": 1,
                                          "trust_region.estimator": "k3"}
     )  # fmt: skip
-    roles = sys.modules["teamtr_test_team"].roles()
-    torch.manual_seed(0)
-    engine = EmbeddedEngine(
-        tiny_model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1
-    )
-    team = LLMStageTeam(cfg, engine, roles, get_task("test-digit-start"), MetricsLog(tmp_path / "run", tensorboard=False),
-                        RunState(), tmp_path / "run", TrainingProgress())  # fmt: skip
+    team = stage_team(cfg, tiny_model)
+    engine = team.engine
     batch = team.rollout(0, 0)
     # give the optimizer state first, so that restoring it is part of what is checked
     first = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
