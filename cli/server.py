@@ -34,6 +34,7 @@ from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.team import Team
 from teamtr.serving.app import ServedTeam, ServeSettings, TeamPolicy, create_app
+from teamtr.serving.conversations import Conversations
 from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider
@@ -49,6 +50,7 @@ from teamtr.training.run_dir import (
 from teamtr.training.user_graph import RoleGraphTeam
 
 CHAIN_ROLES = "teamtr.graphs.chain_team:chain_roles"  # a served team without roles or run: the demo team
+CONVERSATIONS_DB = "conversations.db"  # under the run directory / the config's folder
 
 
 class ServedTeamConfig(BaseModel):
@@ -106,6 +108,9 @@ class ServeConfig(BaseModel):
     device: str = "auto"  # embedded engine: auto | cpu | cuda | cuda:K (serving/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on a GPU, else float32
     tracing: TracingSpec = Field(default_factory=TracingSpec)
+    # conversations and their threads (serving/conversations.py), kept across restarts; None: in memory.
+    # `from_run_dir` / `from_yaml` (what `teamtr serve` reads) default it to conversations.db
+    conversations_path: str | None = None
     base_dir: str = "."  # relative paths resolve here (a run directory, or the config file's folder)
 
     @classmethod
@@ -120,7 +125,7 @@ class ServeConfig(BaseModel):
             bases={name: str(Path(p).resolve()) for name, p in team_cfg.bases.items()},
             teams={team_name or run.path.resolve().name: ServedTeamConfig(run_dir=str(run.path.resolve()))},
             base_dir=str(run.path),
-            **overrides,
+            **{"conversations_path": CONVERSATIONS_DB, **overrides},
         )
 
     @classmethod
@@ -138,6 +143,7 @@ class ServeConfig(BaseModel):
                 )
             return cls.from_run_dir(cfg.run_dir, **overrides)
         data.setdefault("base_dir", str(Path(path).parent))
+        data.setdefault("conversations_path", CONVERSATIONS_DB)
         return cls(**{**data, **overrides})
 
     def path(self, p: str) -> Path:
@@ -205,6 +211,7 @@ class Server:
     tracer: TeamTracer | None
     teams: dict[str, ServedTeam]
     vllm_servers: list[Any] = field(default_factory=list)  # launched by this server, stopped with it
+    conversations: Conversations | None = None
 
     async def aclose(self) -> None:
         await self.registry.close()  # a shared vLLM server must not keep this server's adapters
@@ -215,6 +222,8 @@ class Server:
             await close()
         for server in self.vllm_servers:
             server.stop()
+        if self.conversations is not None:
+            self.conversations.close()
 
 
 def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> tuple[Any, list[Any]]:
@@ -249,6 +258,10 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
 
 async def build_server(config: ServeConfig, engine: Any | None = None, on_trajectory: Any = None) -> Server:
     """Engine, registry with each role's newest adapter version live, teams, tracer, app."""
+    # first: a corrupt conversation store stops the server before anything is loaded (and stays as it is)
+    conversations = Conversations(
+        ServeSettings.max_conversations, config.path(config.conversations_path) if config.conversations_path else None
+    )
     model = model_dir(config)
     vllm_servers: list[Any] = []
     if engine is None:
@@ -301,5 +314,5 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
         request_timeout_s=config.request_timeout_s,
         drain_timeout_s=config.drain_timeout_s,
     )
-    app = create_app(teams, registry, tracer, settings, on_trajectory=on_trajectory)
-    return Server(app, engine, registry, tracer, teams, vllm_servers)
+    app = create_app(teams, registry, tracer, settings, on_trajectory=on_trajectory, conversations=conversations)
+    return Server(app, engine, registry, tracer, teams, vllm_servers, conversations)

@@ -28,7 +28,8 @@ from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.admin import admin_router
 from teamtr.serving.auth import admin_key_check, api_key_check
 from teamtr.serving.body_limit import BodyLimit
-from teamtr.serving.episodes import Conversations, EpisodeRunner, ServedTeam, registered_adapters
+from teamtr.serving.conversations import Conversations
+from teamtr.serving.episodes import EpisodeRunner, ServedTeam, registered_adapters
 from teamtr.serving.errors import ERROR_RESPONSES, install_error_handlers
 from teamtr.serving.health import not_ready_reasons
 from teamtr.serving.metrics import CONTENT_TYPE, TEAM_STATE_KEY, RequestMetrics
@@ -66,16 +67,18 @@ def create_app(
     tracer: TeamTracer | None = None,
     settings: ServeSettings | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
+    conversations: Conversations | None = None,
 ) -> FastAPI:
     """The API over already-built teams (all on the engine `registry` manages).
 
-    `on_trajectory` receives every finished episode's trajectory (online training hooks, tests)."""
+    `on_trajectory` receives every finished episode's trajectory (online training hooks, tests);
+    `conversations`: the conversation table (serving/conversations.py; default: in memory)."""
     settings = settings or ServeSettings()
     served = {
         name: t if isinstance(t, ServedTeam) else ServedTeam(t, registered_adapters(t, registry))
         for name, t in teams.items()
     }
-    conversations = Conversations(settings.max_conversations)
+    conversations = conversations or Conversations(settings.max_conversations)
     runner = EpisodeRunner(registry, tracer, conversations, on_trajectory)
     service = ChatCompletionService(served, registry, tracer, settings, runner, conversations)
 

@@ -10,7 +10,6 @@ turn chunks go out while the episode is still running.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_re
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
+from teamtr.serving.conversations import Conversations
 from teamtr.serving.protocol import TurnInfo
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer
@@ -123,25 +123,6 @@ class EpisodeResult:
     seconds: float = 0.0  # the episode's wall time
 
 
-class Conversations:
-    """How many episodes each conversation id has had, for the most recent `capacity` ids (feedback)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._episodes: OrderedDict[str, int] = OrderedDict()
-
-    def add_episode(self, conversation_id: str) -> None:
-        self._episodes[conversation_id] = self._episodes.pop(conversation_id, 0) + 1
-        while len(self._episodes) > self.capacity:
-            self._episodes.popitem(last=False)
-
-    def __contains__(self, conversation_id: object) -> bool:
-        return conversation_id in self._episodes
-
-    def episodes(self, conversation_id: str) -> int:
-        return self._episodes[conversation_id]
-
-
 class EpisodeRunner:
     """Runs served episodes on the registry's engine; every finished trajectory goes to `on_trajectory`
     (online training hooks, tests)."""
@@ -189,7 +170,7 @@ class EpisodeRunner:
                 trajectory.metadata["conversation_id"] = conversation_id
                 if self.tracer is not None:
                     self.tracer.finish_episode(span, trajectory, versions)
-        self.conversations.add_episode(conversation_id)
+        self.conversations.add_episode(conversation_id, name)
         if self.on_trajectory is not None:
             self.on_trajectory(trajectory)
         finish = recorder.finish_reasons[-1] if recorder.finish_reasons else "stop"

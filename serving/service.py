@@ -3,7 +3,9 @@ record its episodes, and build the OpenAI-shaped response or stream of chunks (t
 serving/app.py stay thin over it).
 
 The user's last message is the task; earlier messages are context, folded into the task text as
-`<role>: <content>` lines (a team sees one task string); a user graph (training/user_graph.py) whose
+`<role>: <content>` lines (a team sees one task string). A request naming a conversation id continues
+that thread: its stored messages (serving/conversations.py) come before the request's own, and the
+request's messages and the answer are stored after it (docs/serving.md "Threads"); a user graph (training/user_graph.py) whose
 input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Sampling fields
 apply to every role under the team's pins (serving/sampling.py); `n` runs n episodes, one choice each;
 `seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
@@ -26,7 +28,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.episodes import Conversations, EpisodeResult, EpisodeRunner, ServedTeam, turn_info
+from teamtr.serving.conversations import Conversations, StoredMessage
+from teamtr.serving.episodes import EpisodeResult, EpisodeRunner, ServedTeam, turn_info
 from teamtr.serving.errors import APIError
 from teamtr.serving.limits import AdmissionGate, RateLimiter
 from teamtr.serving.metrics import ServingMetrics
@@ -34,6 +37,7 @@ from teamtr.serving.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatMessage,
     Choice,
     ChoiceInfo,
     ChunkChoice,
@@ -68,6 +72,23 @@ def task_text(request: ChatCompletionRequest) -> str:
 
 
 _MESSAGE_TYPES = {"system": SystemMessage, "developer": SystemMessage, "assistant": AIMessage}
+
+
+def stored(messages: list[ChatMessage]) -> list[StoredMessage]:
+    return [StoredMessage(m.role, m.text(), m.name) for m in messages]
+
+
+def in_thread(
+    request: ChatCompletionRequest, history: list[StoredMessage]
+) -> tuple[ChatCompletionRequest, list[ChatMessage]]:
+    """(the request with the thread's stored messages before its own, the messages new to the thread).
+    A client that resends the whole conversation (its messages start with the stored ones) is not
+    doubled: only what follows the stored messages is new."""
+    sent = stored(request.messages)
+    if sent[: len(history)] == history:
+        return request, request.messages[len(history) :]
+    earlier = [ChatMessage.model_validate(vars(m)) for m in history]
+    return request.model_copy(update={"messages": [*earlier, *request.messages]}), request.messages
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
@@ -112,6 +133,7 @@ class Completion:
     n: int = 1
     timeout_s: float = 600.0
     arrived: float = field(default_factory=time.monotonic)
+    new_messages: list[ChatMessage] = field(default_factory=list)  # what this request adds to its thread
 
     def remaining(self) -> float:
         return self.timeout_s - (time.monotonic() - self.arrived)
@@ -193,6 +215,10 @@ class ChatCompletionService:
         variants = self.variants[request.model]
         asked = request_overrides(request)
         refuse_fully_pinned(team.team, variants.pinned, asked)
+        given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
+        new_messages = request.messages
+        if given:  # a thread: its stored messages come first (an unknown id starts a new thread)
+            request, new_messages = in_thread(request, self.conversations.history(given[:256]))
         task = task_text(request)
         tokenizer = self.registry.engine.tokenizer(team.team.roles[0].base_model)
         n_tokens = len(tokenizer(task, add_special_tokens=False)["input_ids"])
@@ -205,7 +231,6 @@ class ChatCompletionService:
                 code="context_length_exceeded",
             )
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
         conversation_id = given[:256] if given else completion_id
         return Completion(
             request,
@@ -217,6 +242,7 @@ class ChatCompletionService:
             sampling=variants.sampling_of(asked),
             n=n,
             timeout_s=timeout_s,
+            new_messages=new_messages,
         )
 
     def _timeout(self, field_value: float | None, header: str | None) -> float:
@@ -369,6 +395,9 @@ class ChatCompletionService:
             observe_turn=self.metrics.turn_observer(team),
             messages=chat_messages(c.request),
         )
+        if index == 0:  # the thread continues from choice 0's answer
+            answer = StoredMessage("assistant", result.trajectory.final_answer or "")
+            self.conversations.append(c.conversation_id, [*stored(c.new_messages), answer])
         self.metrics.episode_seconds.labels(team).observe(result.seconds)
         self.gates[team].observe_episode(result.seconds)
         return result

@@ -1,0 +1,122 @@
+"""Threads on a real server: a conversation id continues its stored messages, across a restart on the
+same directory; an unknown id starts a fresh thread; a corrupt conversation store stops the server and is
+left byte for byte as it was (serving/conversations.py, docs/serving.md "Threads")."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from serving_fixtures import make_run_dir, serve_in_background
+from transformers import AutoTokenizer
+
+from teamtr.cli.server import ServeConfig
+from teamtr.serving.conversations import ConversationStoreError
+
+MESSAGES = ["alpha 12+7", "bravo 30+5", "charlie 1+1", "delta 2+2"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_model_dir, tmp_path_factory):
+    return make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _config(run_dir, tmp_path, traces: str | None = None) -> ServeConfig:
+    return ServeConfig.from_run_dir(
+        run_dir,
+        "chain",
+        conversations_path=str(tmp_path / "conversations.db"),
+        tracing={"sqlite_path": traces},
+        max_prompt_tokens=300,
+    )
+
+
+def _ask(server, text: str, thread: str | None = None) -> httpx.Response:
+    headers = {"X-Conversation-Id": thread} if thread else {}
+    body = {"model": "chain", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_a_thread_continues_across_requests_and_a_restart(run_dir, tmp_path, tokenizer):
+    config = _config(run_dir, tmp_path, traces=str(tmp_path / "traces.db"))
+    seen = []
+    with serve_in_background(config, on_trajectory=seen.append) as server:
+        first = _ask(server, MESSAGES[0])
+        thread = first.headers["X-Conversation-Id"]
+        assert thread == first.json()["teamtr"]["conversation_id"] == first.json()["id"]
+        answers = [first.json()["choices"][0]["message"]["content"]]
+        for text in MESSAGES[1:3]:
+            r = _ask(server, text, thread)
+            assert r.headers["X-Conversation-Id"] == r.json()["teamtr"]["conversation_id"] == thread
+            answers.append(r.json()["choices"][0]["message"]["content"])
+        prompt = tokenizer.decode(seen[-1].turns[0].prompt_ids)
+        assert MESSAGES[0] in prompt and MESSAGES[1] in prompt and MESSAGES[2] in prompt
+        assert MESSAGES[1] not in tokenizer.decode(seen[0].turns[0].prompt_ids)
+    with serve_in_background(config, on_trajectory=seen.append) as server:
+        r = _ask(server, MESSAGES[3], thread)
+        assert r.headers["X-Conversation-Id"] == thread
+        prompt = tokenizer.decode(seen[-1].turns[0].prompt_ids)
+        assert all(m in prompt for m in MESSAGES)
+        assert prompt.index(MESSAGES[0]) < prompt.index(MESSAGES[2]) < prompt.index(MESSAGES[3])
+        feedback = httpx.post(
+            server.url + "/v1/feedback", json={"conversation_id": thread, "reward": 1.0}, timeout=30
+        )
+        assert feedback.status_code == 200, feedback.text
+        assert feedback.json()["episodes"] == 4
+        fresh = _ask(server, MESSAGES[3], "never-seen-before")
+        assert fresh.headers["X-Conversation-Id"] == "never-seen-before"
+        prompt = tokenizer.decode(seen[-1].turns[0].prompt_ids)
+        assert MESSAGES[3] in prompt and MESSAGES[0] not in prompt
+        by_metadata = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={
+                "model": "chain",
+                "messages": [{"role": "user", "content": "echo 9+9"}],
+                "max_tokens": 4,
+                "metadata": {"conversation_id": thread},
+            },
+            timeout=120,
+        )
+        assert by_metadata.headers["X-Conversation-Id"] == thread
+        assert MESSAGES[3] in tokenizer.decode(seen[-1].turns[0].prompt_ids)
+
+
+def test_a_client_resending_the_whole_conversation_is_not_doubled(run_dir, tmp_path, tokenizer):
+    seen = []
+    with serve_in_background(_config(run_dir, tmp_path), on_trajectory=seen.append) as server:
+        first = _ask(server, MESSAGES[0], "t1")
+        answer = first.json()["choices"][0]["message"]["content"]
+        body = {
+            "model": "chain",
+            "max_tokens": 4,
+            "messages": [
+                {"role": "user", "content": MESSAGES[0]},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": MESSAGES[1]},
+            ],
+        }
+        r = httpx.post(
+            server.url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": "t1"}, timeout=120
+        )
+        assert r.status_code == 200
+        assert tokenizer.decode(seen[-1].turns[0].prompt_ids).count(MESSAGES[0]) == 1
+
+
+def test_a_corrupt_conversation_store_stops_the_server_and_is_left_as_it_was(run_dir, tmp_path):
+    path = tmp_path / "conversations.db"
+    garbage = b"SQLite format 3\x00" + bytes(range(256)) * 20
+    path.write_bytes(garbage)
+    with pytest.raises(RuntimeError, match=re.escape(str(path))) as failed:
+        with serve_in_background(_config(run_dir, tmp_path)):
+            pass
+    assert isinstance(failed.value.__cause__, ConversationStoreError)
+    assert path.read_bytes() == garbage
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conversations.db"]
