@@ -182,7 +182,13 @@ def test_a_client_that_goes_away_cancels_its_episode(served, paused):
     assert after == counted + 1
 
 
-def test_the_rate_limit_is_per_key_with_retry_after(served):
+def test_the_rate_limit_is_per_key_with_retry_after(served, monkeypatch):
+    import types
+
+    from teamtr.serving import limits
+
+    now = limits.time.monotonic()  # the bucket's clock stands still: no refill however slow the machine
+    monkeypatch.setattr(limits, "time", types.SimpleNamespace(monotonic=lambda: now))
     statuses = [post(served, KEYS[3], model="no-such-team").status_code for _ in range(5)]
     assert statuses[:4] == [404] * 4 and statuses[4] == 429  # a burst of 4, then 1 a second
     r = post(served, KEYS[3])
