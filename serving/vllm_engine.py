@@ -21,7 +21,7 @@ docs/vllm.md, "Two vLLM 0.32 CPU bugs", has both bugs these modules and serving/
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
@@ -57,6 +57,8 @@ class VLLMEngine:
     `max_concurrency` bounds the requests in flight from this engine (per event loop); vLLM batches
     the concurrent ones itself (continuous batching).
     """
+
+    streams_tokens = True  # `generate(on_token=...)` is accepted (called once with the whole text)
 
     def __init__(
         self,
@@ -146,7 +148,10 @@ class VLLMEngine:
         adapter: str | None,
         sampling: SamplingParams,
         base: str = DEFAULT_BASE,
+        on_token: Callable[[str], None] | None = None,
     ) -> Generation:
+        """`on_token`: called with the text once the generation is done (not yet token by token: the
+        streamed path of vLLM's completions endpoint is not wired in; docs/serving.md)."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         url = self._base(base).url
@@ -164,11 +169,14 @@ class VLLMEngine:
             raise VLLMRequestError(
                 200, "vLLM returned different numbers of tokens and log-probs", "/v1/completions"
             )
+        text = choice.get("text", "")
+        if on_token is not None and text:
+            on_token(text)
         return Generation(
             prompt_ids=list(prompt_ids),
             completion_ids=completion_ids,
             logprobs=logprobs,
-            text=choice.get("text", ""),
+            text=text,
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
             adapter=adapter,
             adapter_version=version,

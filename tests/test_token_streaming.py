@@ -1,0 +1,100 @@
+"""Token streaming on a real server: the answer's tokens arrive as content deltas while they are decoded,
+add up to the non-streamed answer, and the per-turn extension streams every role's tokens."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from serving_fixtures import make_run_dir, serve_in_background
+
+from teamtr.cli.server import ServeConfig
+
+API_KEY = "sk-test-key"
+TASK = "12+7+30+5"
+MESSAGES = [{"role": "user", "content": TASK}]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir, tmp_path_factory):
+    run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=1)
+    config = ServeConfig.from_run_dir(run, "chain", api_keys=[API_KEY])
+    with serve_in_background(config) as server:
+        yield server
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+def content_deltas(chunks) -> list[str]:
+    return [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+
+
+def test_the_answer_streams_token_by_token_and_adds_up_to_the_unstreamed_answer(client):
+    settings = {"model": "chain", "messages": MESSAGES, "temperature": 0, "seed": 3, "max_tokens": 12}
+    whole = client.chat.completions.create(**settings)
+    chunks = list(
+        client.chat.completions.create(**settings, stream=True, stream_options={"include_usage": True})
+    )
+    deltas = content_deltas(chunks)
+    assert whole.choices[0].message.content  # a non-empty answer to stream
+    assert len(deltas) > 1
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    # the final turn's completion tokens, one piece per token at most (merged bytes come out together)
+    assert len(deltas) <= whole.model_extra["teamtr"]["turns"][-1]["completion_tokens"]
+
+
+def test_the_first_content_arrives_before_the_stream_ends(client):
+    stream = client.chat.completions.create(
+        model="chain", messages=MESSAGES, temperature=0, max_tokens=12, stream=True
+    )
+    events = []
+    for c in stream:
+        if c.choices and c.choices[0].delta.content:
+            events.append("content")
+        if c.choices and c.choices[0].finish_reason:
+            events.append("finish")
+    assert events.count("content") > 1 and events[-1] == "finish"
+
+
+def test_the_per_turn_extension_streams_every_roles_tokens_as_it_speaks(served):
+    body = {
+        "model": "chain",
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_turns": True},
+    }
+    with httpx.stream(
+        "POST",
+        served.url + "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=120,
+    ) as r:
+        assert r.status_code == 200
+        lines = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in lines[:-1]]
+    turns = [c["teamtr_turn"] for c in chunks if "teamtr_turn" in c]
+    assert [t["role"] for t in turns] == ["adder1", "adder2", "adder3"]
+    streamed = 0
+    for turn in turns:
+        at = next(i for i, c in enumerate(chunks) if c.get("teamtr_turn") == turn)
+        pieces = [c["teamtr_token"] for c in chunks if c.get("teamtr_token", {}).get("index") == turn["index"]]
+        # every piece of the turn went out before the turn's own chunk, and they add up to its text
+        before = [c["teamtr_token"] for c in chunks[:at] if c.get("teamtr_token", {}).get("index") == turn["index"]]
+        assert before == pieces
+        assert {p["role"] for p in pieces} == {turn["role"]}
+        assert "".join(p["text"] for p in pieces) == turn["text"]
+        streamed += len(pieces)
+    assert streamed > len(turns)  # token by token, not one piece per turn
+    answer = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+    assert "".join(answer) == turns[-1]["text"].split("\n")[0]
