@@ -16,6 +16,8 @@ API_KEY = "sk-test-key"
 TASK = "12+7+30+5"
 MESSAGES = [{"role": "user", "content": TASK}]
 
+pytest_plugins = ["vllm_fixtures"]  # the vLLM test's session server (started only if that test runs)
+
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
@@ -98,3 +100,34 @@ def test_the_per_turn_extension_streams_every_roles_tokens_as_it_speaks(served):
     assert streamed > len(turns)  # token by token, not one piece per turn
     answer = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
     assert "".join(answer) == turns[-1]["text"].split("\n")[0]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_streams_the_same_tokens_it_returns_unstreamed(vllm_server, vllm_model_dir, tmp_path):
+    """On the real vLLM engine the streamed turns (assembled from vLLM's streamed chunks) carry the same
+    token ids and log-probs as the unstreamed ones, and the answer streams in several deltas."""
+    run = make_run_dir(vllm_model_dir, tmp_path / "run", versions=1)
+    config = ServeConfig.from_run_dir(run, "chain", engine="vllm", vllm_url=vllm_server.url)
+    recorded = []
+    settings = {"model": "chain", "messages": MESSAGES, "temperature": 0, "max_tokens": 12}
+    with serve_in_background(config, on_trajectory=recorded.append) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        whole = client.chat.completions.create(**settings)
+        chunks = list(
+            client.chat.completions.create(
+                **settings, stream=True, stream_options={"include_usage": True, "include_turns": True}
+            )
+        )
+    deltas = content_deltas(chunks)
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert len(deltas) > 1
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    pieces = [c.model_extra["teamtr_token"] for c in chunks if c.model_extra.get("teamtr_token")]
+    unstreamed, streamed = recorded
+    assert len(pieces) > len(streamed.turns)
+    for i, turn in enumerate(streamed.turns):
+        assert "".join(p["text"] for p in pieces if p["index"] == i) == turn.text
+    for a, b in zip(unstreamed.turns, streamed.turns, strict=True):
+        assert a.completion_ids == b.completion_ids and a.text == b.text
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
