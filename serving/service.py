@@ -9,6 +9,9 @@ apply to every role under the team's pins (serving/sampling.py); `n` runs n epis
 `seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
 client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
 place in the team's queue are released.
+
+Over ~400 lines because validation, the unstreamed response and the token stream share one `Completion`
+and its admission and deadline; which streamed tokens are the answer lives in serving/token_stream.py.
 """
 
 from __future__ import annotations
