@@ -11,6 +11,9 @@ import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 
 from teamtr.cli.server import ServeConfig
+from teamtr.graphs.engine import SamplingParams
+from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.token_stream import AnswerStream, safe_prefix
 
 API_KEY = "sk-test-key"
 TASK = "12+7+30+5"
@@ -30,6 +33,32 @@ def served(tiny_model_dir, tmp_path_factory):
 @pytest.fixture
 def client(served):
     return openai.OpenAI(base_url=served.url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+async def test_embedded_pieces_add_up_to_the_text_and_change_nothing_sampled(tiny_model_dir):
+    """Random tokens at T = 1.5 (byte pieces that merge into characters among them): the pieces add up to
+    the decoded text, and the same seed samples the same tokens with or without a callback."""
+    engine = EmbeddedEngine(tiny_model_dir, threads=1)
+    prompt = engine.tokenizer()("12+7+30+5", add_special_tokens=False)["input_ids"]
+    for seed in range(4):
+        sampling = SamplingParams(temperature=1.5, max_new_tokens=24, seed=seed)
+        pieces: list[str] = []
+        streamed = await engine.generate(prompt, adapter=None, sampling=sampling, on_token=pieces.append)
+        plain = await engine.generate(prompt, adapter=None, sampling=sampling)
+        assert "".join(pieces) == streamed.text == plain.text
+        assert "\ufffd" not in "".join(pieces[:-1])  # no half character sent ahead of its other bytes
+        assert streamed.completion_ids == plain.completion_ids and streamed.logprobs == plain.logprobs
+
+
+def test_a_stop_string_is_held_back_until_it_is_ruled_out():
+    assert safe_prefix("answer: 4", ("\n\nEND",)) == "answer: 4"
+    assert safe_prefix("answer: 4\n", ("\n\nEND",)) == "answer: 4"  # may be the start of the stop
+    assert safe_prefix("answer: 4\n\nEN", ("\n\nEND",)) == "answer: 4"
+    assert safe_prefix("answer: 4\n\nEND more", ("\n\nEND",)) == "answer: 4"
+    answer = AnswerStream(final_turn=1, stops_of={"b": ("##",)})
+    sent = [answer.piece(0, "a", "not the answer"), answer.piece(1, "b", "4#"), answer.piece(1, "b", "2")]
+    sent += [answer.piece(1, "b", "##tail"), answer.finish("4#2")]
+    assert sent == ["", "4", "#2", "", ""]
 
 
 def content_deltas(chunks) -> list[str]:
