@@ -136,7 +136,10 @@ class EngineChatModel(BaseChatModel):
         tools = kwargs.get("tools") or None
         tokenizer = engine.tokenizer(self.base_model)
         prompt_ids = render_prompt_ids(tokenizer, messages, self.chat_format, tools)
-        gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=self.base_model)
+        if wants_tokens(run_manager) and getattr(engine, "streams_tokens", False):
+            gen = await _generate_streaming(engine, run_manager, prompt_ids, adapter, sampling, self.base_model)
+        else:
+            gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=self.base_model)
         version = kwargs.get("adapter_version", gen.adapter_version)
         content = _strip_stop(gen.text, sampling.stop)
         calls: dict[str, Any] = {}
@@ -175,6 +178,45 @@ class EngineChatModel(BaseChatModel):
         if stray:
             episode.on_llm_end(LLMResult(generations=[result.generations]), run_id=run_manager.run_id)
         return result
+
+
+def wants_tokens(run_manager: Any) -> bool:
+    """Whether a handler of the call asked for its tokens as they are decoded (`wants_tokens = True`,
+    e.g. serving/episodes.py `TurnRecorder` when a stream is open); only then does the engine stream."""
+    return any(getattr(h, "wants_tokens", False) for h in getattr(run_manager, "handlers", None) or ())
+
+
+async def _generate_streaming(
+    engine: Any,
+    run_manager: AsyncCallbackManagerForLLMRun,
+    prompt_ids: list[int],
+    adapter: str | None,
+    sampling: SamplingParams,
+    base: str,
+) -> Any:
+    """`engine.generate` with each decoded piece of text sent to the call's handlers
+    (`on_llm_new_token`) in order, as it comes; the engine may call back from its decoding thread."""
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def on_token(piece: str) -> None:
+        loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+    async def forward() -> None:
+        while (piece := await pieces.get()) is not None:
+            await run_manager.on_llm_new_token(piece)
+
+    forwarder = asyncio.create_task(forward())
+    try:
+        gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=base, on_token=on_token)
+        # pieces scheduled from the decoding thread ran before generate's result reached us: None is last
+        pieces.put_nowait(None)
+        await forwarder
+    finally:
+        if not forwarder.done():
+            forwarder.cancel()
+            await asyncio.gather(forwarder, return_exceptions=True)
+    return gen
 
 
 def episode_of(run_manager: Any) -> Any | None:

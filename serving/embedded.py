@@ -40,6 +40,8 @@ __all__ = ["EmbeddedEngine", "LoraSettings", "load_tokenizer"]
 class EmbeddedEngine:
     """Implements the `Engine` protocol (graphs/engine.py) in process."""
 
+    streams_tokens = True  # `generate(on_token=...)` is called with each decoded piece of text
+
     def __init__(
         self,
         bases: dict[str, str | Path] | str | Path,
@@ -203,13 +205,16 @@ class EmbeddedEngine:
         adapter: str | None,
         sampling: SamplingParams,
         base: str = DEFAULT_BASE,
+        on_token: Callable[[str], None] | None = None,
     ) -> Generation:
+        """`on_token`: called with each new piece of the text as it is decoded (in the decoding thread when
+        decode_in_thread); the pieces add up to the Generation's text. It changes nothing sampled."""
         b = self._base(base)
         if not prompt_ids:
             raise ValueError("empty prompt")
         version = self.adapter_version(adapter, base)
         loop = asyncio.get_running_loop()
-        req = DecodeRequest(list(prompt_ids), adapter, sampling, loop.create_future())
+        req = DecodeRequest(list(prompt_ids), adapter, sampling, loop.create_future(), on_token=on_token)
         self._pending[base].append(req)
         self.generate_calls += 1
         worker = self._workers.get(base)

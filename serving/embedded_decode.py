@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,6 +36,21 @@ class DecodeRequest:
     completion: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    # token streaming (serving/embedded.py `generate(on_token=...)`): called with each new piece of text
+    on_token: Callable[[str], None] | None = None
+    streamed: str = ""  # the text already passed to on_token
+
+    def stream_text(self, tokenizer: Any, final: bool = False) -> None:
+        """Pass on_token the text the tokens so far add (decoding them all, so that multi-byte characters
+        split over tokens come out whole); a trailing incomplete character waits for its next token."""
+        if self.on_token is None:
+            return
+        text = tokenizer.decode(self.completion, skip_special_tokens=True)
+        if (not final and text.endswith("\ufffd")) or not text.startswith(self.streamed):
+            return
+        if len(text) > len(self.streamed):
+            delta, self.streamed = text[len(self.streamed) :], text
+            self.on_token(delta)
 
     def cancelled(self) -> bool:
         # Read from the decoding thread too (decode_in_thread): a plain state read, set once by the loop.
@@ -111,6 +127,7 @@ def decode_batch(b: LoadedBase, batch: list[DecodeRequest], on_step: Callable[[i
                     done[i], r.finish_reason = True, "stop"
                 elif len(r.completion) >= limits[i]:
                     done[i], r.finish_reason = True, "length"
+                r.stream_text(tok, final=done[i])
             if all(done):
                 break
             step_ids = next_tokens[:, None]

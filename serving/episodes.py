@@ -4,7 +4,8 @@ recorded as they happen.
 Each episode pins the current version of every adapter its team uses for its whole run
 (`AdapterRegistry.pin`, serving/registry.py), so a version promoted mid-episode never mixes into it.
 Turns are recorded by a LangChain callback as each chat-model call ends, so turn spans and streamed
-turn chunks go out while the episode is still running.
+turn chunks go out while the episode is still running; with a token sink the same callback forwards each
+turn's text pieces as the engine decodes them (graphs/chat_model.py `wants_tokens`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class TurnRecorder(AsyncCallbackHandler):
         conversation_id: str,
         on_turn: Callable[[TurnInfo], None] | None,
         observe_turn: Callable[[str, float, int], None] | None = None,
+        on_token: Callable[[int, str, str], None] | None = None,
     ) -> None:
         self.tracer, self.span, self.conversation_id, self.on_turn = (
             tracer,
@@ -78,6 +80,11 @@ class TurnRecorder(AsyncCallbackHandler):
         )
         self.observe_turn = observe_turn  # (role, seconds, completion tokens), for /metrics
         self._started: dict[UUID, tuple[int, str]] = {}
+        # (turn index, role, text piece) as each turn is decoded; the engine streams only when it is set
+        self.on_token = on_token
+        self.wants_tokens = on_token is not None
+        self._speaking: dict[UUID, tuple[int, str]] = {}  # run id -> (turn index, role) of a call under way
+        self._calls = 0
         self.turns: list[Turn] = []
         self.finish_reasons: list[str] = []
 
@@ -90,10 +97,21 @@ class TurnRecorder(AsyncCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._started[run_id] = (time.time_ns(), (metadata or {}).get("langgraph_node", ""))
+        meta = metadata or {}
+        node = meta.get("langgraph_node", "")
+        self._started[run_id] = (time.time_ns(), node)
+        # turns are indexed in the order they start (a Team's turns run one at a time, so also as they end)
+        self._speaking[run_id] = (self._calls, meta.get("teamtr_role") or node)
+        self._calls += 1
+
+    async def on_llm_new_token(self, token: str, *, run_id: UUID, **kwargs: Any) -> None:
+        if self.on_token is not None and run_id in self._speaking:
+            index, role = self._speaking[run_id]
+            self.on_token(index, role, token)
 
     async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         start_ns, node = self._started.pop(run_id, (None, ""))
+        self._speaking.pop(run_id, None)
         message = response.generations[0][0].message  # type: ignore[attr-defined]
         if not is_engine_reply(message):  # not an engine-backed model: nothing to trace at token level
             return
@@ -150,10 +168,12 @@ class EpisodeRunner:
         graph: Team | None = None,
         observe_turn: Callable[[str, float, int], None] | None = None,
         messages: list[BaseMessage] | None = None,
+        on_token: Callable[[int, str, str], None] | None = None,
     ) -> EpisodeResult:
         """`graph`: the team variant to run (serving/sampling.py; default `team.team`). `messages`: the
         request's chat messages, which a user graph's default input (MessagesState) receives as they are
-        (training/user_graph.py `default_input`); a Team reads the task text."""
+        (training/user_graph.py `default_input`); a Team reads the task text. `on_token(turn index, role,
+        piece)`: each turn's text as it is decoded (token streaming; serving/service.py `stream`)."""
         started = time.perf_counter()
         async with self.registry.pin(sorted(set(team.adapters.values()))) as pinned:
             pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
@@ -163,7 +183,9 @@ class EpisodeRunner:
             tracer = self.tracer
             span_cm = tracer.episode(name, conversation_id, task) if tracer is not None else nullcontext()
             with span_cm as span:
-                recorder = TurnRecorder(self.tracer, span, conversation_id, on_turn, observe_turn)
+                recorder = TurnRecorder(
+                    self.tracer, span, conversation_id, on_turn, observe_turn, on_token
+                )
                 trajectory = await (graph or team.team).arun(
                     instance, seed=seed, adapter_pins=pins, config={"callbacks": [recorder]}
                 )

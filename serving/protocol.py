@@ -7,7 +7,9 @@ docs/serving.md has the table of OpenAI's fields and what the server does with e
 
 Extensions (all opt-in, ignored by plain OpenAI clients):
 - request `stream_options.include_turns: true` streams one chunk per agent turn before the answer; the
-  chunk has `choices: []` and a `teamtr_turn` object (role, adapter, version, text, token counts).
+  chunk has `choices: []` and a `teamtr_turn` object (role, adapter, version, text, token counts); while
+  each turn is decoded, chunks with `choices: []` and a `teamtr_token` object (turn index, role, text
+  piece) stream its text.
 - request `metadata.conversation_id` groups several requests into one conversation (for feedback and
   traces); by default every request is its own conversation, named by the response `id`.
 - request `timeout` (seconds): the request's deadline (also header `X-Request-Timeout`).
@@ -225,6 +227,14 @@ class ChunkChoice(BaseModel):
     logprobs: None = None
 
 
+class TokenPiece(BaseModel):
+    """teamtr extension (`stream_options.include_turns`): a piece of a turn's text as it is decoded."""
+
+    index: int  # the turn's index, as in `teamtr_turn`
+    role: str
+    text: str
+
+
 class ChatCompletionChunk(BaseModel):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -233,6 +243,8 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     teamtr_turn: TurnInfo | None = None
+    teamtr_token: TokenPiece | None = None
+
 
 
 class ModelCard(BaseModel):

@@ -11,6 +11,9 @@ apply to every role under the team's pins (serving/sampling.py); `n` runs n epis
 `seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
 client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
 place in the team's queue are released.
+
+Over ~400 lines because validation, the unstreamed response and the token stream share one `Completion`
+and its admission and deadline; which streamed tokens are the answer lives in serving/token_stream.py.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from teamtr.serving.protocol import (
     ModelList,
     ResponseMessage,
     TeamInfo,
+    TokenPiece,
     TurnInfo,
     Usage,
     error_body,
@@ -56,6 +60,7 @@ from teamtr.serving.protocol import (
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.sampling import TeamVariants, described, refuse_fully_pinned, request_overrides
 from teamtr.serving.settings import ServeSettings
+from teamtr.serving.token_stream import AnswerStream, final_turn_index
 from teamtr.serving.tracing import TeamTracer
 
 CONVERSATION_HEADER = "X-Conversation-Id"
@@ -329,32 +334,61 @@ class ChatCompletionService:
         )
 
     async def stream(self, c: Completion) -> AsyncIterator[str]:
-        """Server-sent events: the role chunk, each turn as it ends (if asked), the answer, the finish
-        chunk, usage (if asked), [DONE]. An error after the headers went out is reported in-band.
-        The request's places in the queue (taken by `admit`) are released when the stream ends."""
+        """Server-sent events: the role chunk; the answer's content deltas as its tokens are decoded (which
+        turn is the answer: serving/token_stream.py); with include_turns, each turn's text pieces as they
+        are decoded and each turn as it ends, and the answer's deltas after the last turn's chunk; the
+        finish chunk, usage (if asked), [DONE]. An error after the
+        headers went out is reported in-band. The request's places in the queue (taken by `admit`) are
+        released when the stream ends."""
         options = c.request.stream_options
-        turns: asyncio.Queue[TurnInfo] = asyncio.Queue()
-        on_turn = turns.put_nowait if options is not None and options.include_turns else None
+        include_turns = options is not None and options.include_turns
+        events: asyncio.Queue[TurnInfo | TokenPiece] = asyncio.Queue()
+        answer = AnswerStream(
+            final_turn_index(c.graph or c.team.team), {role: p.stop for role, p in c.sampling.items()}
+        )
         episode: asyncio.Task | None = None
+        first_content = True
+        held: list[str] = []  # with include_turns: the answer's pieces, sent once every turn chunk is out
 
         def chunk(**kwargs: Any) -> str:
             body = ChatCompletionChunk(id=c.completion_id, model=c.request.model, **kwargs)
             return f"data: {json.dumps(body.model_dump(exclude_none=True))}\n\n"
 
+        def content(text: str) -> str:
+            nonlocal first_content
+            if first_content:
+                first_content = False
+                self.metrics.first_content_seconds.labels(c.request.model).observe(time.monotonic() - c.arrived)
+            return chunk(choices=[ChunkChoice(delta=Delta(content=text))])
+
+        def on_token(index: int, role: str, text: str) -> None:
+            events.put_nowait(TokenPiece(index=index, role=role, text=text))
+
         try:
-            episode = asyncio.create_task(self._run(c, 0, on_turn))
+            on_turn = events.put_nowait if include_turns else None
+            episode = asyncio.create_task(self._run(c, 0, on_turn, on_token))
             yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
-            while not episode.done() or not turns.empty():
-                getter = asyncio.ensure_future(turns.get())
+            while not episode.done() or not events.empty():
+                getter = asyncio.ensure_future(events.get())
                 await asyncio.wait(
                     {getter, episode}, timeout=max(0.0, c.remaining()), return_when=asyncio.FIRST_COMPLETED
                 )
-                if getter.done():
-                    yield chunk(choices=[], teamtr_turn=getter.result())
-                else:
+                if not getter.done():
                     getter.cancel()
                     if not episode.done():
                         raise deadline_error(c.timeout_s)
+                    continue
+                event = getter.result()
+                if isinstance(event, TurnInfo):
+                    yield chunk(choices=[], teamtr_turn=event)
+                    continue
+                if include_turns:
+                    yield chunk(choices=[], teamtr_token=event)
+                new = answer.piece(event.index, event.role, event.text)
+                if new and include_turns:  # the turn chunks come first, so the answer waits for the last
+                    held.append(new)
+                elif new:
+                    yield content(new)
             result = episode.result()
         except Exception as e:  # headers are gone: report in-band, as OpenAI does, then end the stream
             if isinstance(e, APIError):
@@ -369,15 +403,22 @@ class ChatCompletionService:
                 episode.cancel()
                 await asyncio.gather(episode, return_exceptions=True)
             self.release(c)
-        self.metrics.first_content_seconds.labels(c.request.model).observe(time.monotonic() - c.arrived)
-        yield chunk(choices=[ChunkChoice(delta=Delta(content=result.trajectory.final_answer or ""))])
+        for piece in held:
+            yield content(piece)
+        rest = answer.finish(result.trajectory.final_answer or "")
+        if rest or first_content:
+            yield content(rest)
         yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=result.finish_reason)])
         if options is not None and options.include_usage:
             yield chunk(choices=[], usage=usage_of(result.trajectory))
         yield "data: [DONE]\n\n"
 
     async def _run(
-        self, c: Completion, index: int, on_turn: Callable[[TurnInfo], None] | None = None
+        self,
+        c: Completion,
+        index: int,
+        on_turn: Callable[[TurnInfo], None] | None = None,
+        on_token: Callable[[int, str, str], None] | None = None,
     ) -> EpisodeResult:
         seed = c.request.seed
         if seed is not None and index > 0:  # choice 0 is the n = 1 answer; the others differ from it
@@ -394,6 +435,7 @@ class ChatCompletionService:
             graph=c.graph,
             observe_turn=self.metrics.turn_observer(team),
             messages=chat_messages(c.request),
+            on_token=on_token,
         )
         if index == 0:  # the thread continues from choice 0's answer
             answer = StoredMessage("assistant", result.trajectory.final_answer or "")

@@ -21,7 +21,7 @@ docs/vllm.md, "Two vLLM 0.32 CPU bugs", has both bugs these modules and serving/
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
@@ -57,6 +57,8 @@ class VLLMEngine:
     `max_concurrency` bounds the requests in flight from this engine (per event loop); vLLM batches
     the concurrent ones itself (continuous batching).
     """
+
+    streams_tokens = True  # `generate(on_token=...)` streams from vLLM
 
     def __init__(
         self,
@@ -146,7 +148,10 @@ class VLLMEngine:
         adapter: str | None,
         sampling: SamplingParams,
         base: str = DEFAULT_BASE,
+        on_token: Callable[[str], None] | None = None,
     ) -> Generation:
+        """`on_token`: called with each piece of text as vLLM streams it (the request is then sent with
+        `stream: true`; the Generation is the same, assembled from the streamed chunks)."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         url = self._base(base).url
@@ -155,8 +160,11 @@ class VLLMEngine:
         payload = self._completion_payload(prompt_ids, self._adapters.model_name(adapter, base), sampling)
         payload.update(self._adapters.salt(adapter, base))
         # Cancelling this await closes the connection, and vLLM aborts the request (docs/vllm.md).
-        body = (await self._http.post(url, "/v1/completions", payload)).json()
-        choice = body["choices"][0]
+        if on_token is None:
+            body = (await self._http.post(url, "/v1/completions", payload)).json()
+            choice = body["choices"][0]
+        else:
+            body, choice = await self._streamed(url, payload, on_token)
         lp = choice.get("logprobs") or {}
         completion_ids = [token_id(t) for t in lp.get("tokens") or []]
         logprobs = [float(x) for x in lp.get("token_logprobs") or []]
@@ -164,11 +172,12 @@ class VLLMEngine:
             raise VLLMRequestError(
                 200, "vLLM returned different numbers of tokens and log-probs", "/v1/completions"
             )
+        text = choice.get("text", "")
         return Generation(
             prompt_ids=list(prompt_ids),
             completion_ids=completion_ids,
             logprobs=logprobs,
-            text=choice.get("text", ""),
+            text=text,
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
             adapter=adapter,
             adapter_version=version,
@@ -177,6 +186,34 @@ class VLLMEngine:
             top_p=sampling.top_p,
             extra={"engine": "vllm", "request_id": body.get("id"), "stop_reason": choice.get("stop_reason")},
         )
+
+    async def _streamed(
+        self, url: str, payload: dict, on_token: Callable[[str], None]
+    ) -> tuple[dict, dict[str, Any]]:
+        """A streamed completion, its pieces passed to `on_token` as they come; returns (body, choice)
+        shaped like the non-streamed response's, for `generate` to read the same way."""
+        body: dict[str, Any] = {}
+        text, tokens, logprobs = [], [], []
+        finish, stop_reason = None, None
+        async for event in self._http.post_events(url, "/v1/completions", {**payload, "stream": True}):
+            body.setdefault("id", event.get("id"))
+            for choice in event.get("choices") or ():
+                piece = choice.get("text") or ""
+                lp = choice.get("logprobs") or {}
+                tokens += lp.get("tokens") or []
+                logprobs += lp.get("token_logprobs") or []
+                finish = choice.get("finish_reason") or finish
+                stop_reason = choice.get("stop_reason", stop_reason)
+                if piece:
+                    text.append(piece)
+                    on_token(piece)
+        choice = {
+            "text": "".join(text),
+            "logprobs": {"tokens": tokens, "token_logprobs": logprobs},
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+        }
+        return body, choice
 
     # ---- scoring (serving/vllm_scoring.py) ---------------------------------------------------------
 

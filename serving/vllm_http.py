@@ -1,6 +1,7 @@
 """The HTTP side of `VLLMEngine` (serving/vllm_engine.py): where a base model's vLLM server is, one
 `httpx.AsyncClient` per event loop with a bound on requests in flight, transport retries, vLLM's errors,
-and the `token_id:N` tokens that `return_tokens_as_token_ids` answers with.
+and the `token_id:N` tokens that `return_tokens_as_token_ids` answers with; `post_events` reads a
+streamed (`stream: true`) response event by event.
 
 A request cancelled while awaiting its response (the API cancels an episode whose client went away)
 closes its connection; vLLM's completions endpoint then aborts the request and frees its sequence
@@ -10,7 +11,9 @@ closes its connection; vLLM's completions endpoint then aborts the request and f
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +116,34 @@ class VLLMClient:
         if response.status_code >= 400:
             raise VLLMRequestError(response.status_code, error_message(response), endpoint)
         return response
+
+    async def post_events(self, url: str, endpoint: str, payload: dict) -> AsyncIterator[dict]:
+        """POST a `stream: true` request and yield each server-sent event's JSON, until `[DONE]`.
+        Closing the generator (a cancelled caller) closes the connection, and vLLM aborts the request."""
+        client, slots = self._client()
+        seen = False
+        async with slots:
+            for attempt in range(TRANSPORT_RETRIES + 1):
+                try:
+                    async with client.stream("POST", f"{url}{endpoint}", json=payload) as response:
+                        if response.status_code >= 400:
+                            await response.aread()
+                            raise VLLMRequestError(response.status_code, error_message(response), endpoint)
+                        async for line in response.aiter_lines():
+                            if not line.startswith("data: "):
+                                continue
+                            data = line[len("data: ") :]
+                            if data.strip() == "[DONE]":
+                                return
+                            seen = True
+                            yield json.loads(data)
+                    return
+                except httpx.TransportError as e:  # retried only before any event went out (nothing seen)
+                    if attempt == TRANSPORT_RETRIES or seen:
+                        raise VLLMRequestError(0, f"{type(e).__name__}: {e}", endpoint) from e
+                    await asyncio.sleep(0.05 * 2**attempt)
+                except httpx.HTTPError as e:
+                    raise VLLMRequestError(0, f"{type(e).__name__}: {e}", endpoint) from e
 
     async def get_json(self, url: str, endpoint: str) -> Any:
         client, _ = self._client()
