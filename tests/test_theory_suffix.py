@@ -46,7 +46,9 @@ def test_the_stale_suffix_is_not_the_new_team() -> None:
     new = [z.copy() for z in old]
     new[1] += 3.0 * rng.standard_normal(new[1].shape)  # layer 1 is agent 1's (round-robin)
     assert _tv(episode_distribution(instance, old), episode_distribution(instance, new)) > 1e-2
-    assert _tv(suffix_resampled_distribution(instance, old, new, 1), episode_distribution(instance, new)) < 1e-12
+    assert (
+        _tv(suffix_resampled_distribution(instance, old, new, 1), episode_distribution(instance, new)) < 1e-12
+    )
 
 
 def test_a_change_outside_the_agent_breaks_the_equality() -> None:

@@ -34,7 +34,9 @@ def _continuations(
     P = instance.transitions[t]
     for m in range(instance.n_messages):
         for s_next in range(P.shape[2]):
-            _continuations(instance, pi, t + 1, (*prefix, m, s_next), prob * pi[t][s, m] * P[s, m, s_next], out)
+            _continuations(
+                instance, pi, t + 1, (*prefix, m, s_next), prob * pi[t][s, m] * P[s, m, s_next], out
+            )
 
 
 def episode_distribution(instance: TeamInstance, logits: Logits) -> Distribution:
