@@ -133,3 +133,25 @@ def test_restarting_from_a_prefix_continues_the_transcript(engine):
     context = tok.decode(new.turns[2].prompt_ids)
     assert tok.decode(old.turns[2].prompt_ids) == context  # same prefix -> same context for role 3
     assert new.metadata["prefix_turns"] == 2
+
+
+def test_trainer_with_suffix_resampling_keeps_the_prefix_before_the_updated_role(tmp_path):
+    """`schedule.resample: suffix` in a real run: after adder1's update nothing is kept (it speaks
+    first), after adder2's every episode keeps adder1's turn; only new tokens count as train_tokens."""
+    from teamtr.training.metrics import read_metrics
+    from teamtr.training.warmstart import tiny_random_model
+    from tests.test_training_trainer import small_config, train
+
+    model = str(tiny_random_model(tmp_path / "model"))
+    cfg = small_config(model, tmp_path / "suffix", **{"schedule.resample": "suffix"})
+    updates = train(cfg)
+    full = train(small_config(model, tmp_path / "full"))
+    resamples = read_metrics(cfg.run_dir, kind="resample")
+    assert [r["mode"] for r in resamples] == ["suffix", "suffix"]
+    assert [r["updated"] for r in resamples] == [["adder1"], ["adder2"]]
+    episodes = cfg.rollout.prompts_per_update * cfg.rollout.group_size
+    assert resamples[0]["turns_kept"] == 0
+    assert resamples[1]["turns_kept"] == episodes - resamples[1]["episodes_kept_whole"]
+    for prev, cur in zip(updates, updates[1:], strict=False):  # the resampled turns carry the new version
+        assert cur["batch_turn_versions"][prev["adapter"]] == [prev["version_after"]]
+    assert updates[-1]["train_tokens"] < full[-1]["train_tokens"]
