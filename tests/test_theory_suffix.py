@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from teamtr.training.stage import ScheduleConfig
 from teamtr.training.theory.env import random_instance, random_logits
 from teamtr.training.theory.suffix import episode_distribution, suffix_resampled_distribution
+from teamtr.training.theory.team import TabularTeam, train
 
 
 def _tv(a: dict, b: dict) -> float:
@@ -61,3 +63,15 @@ def test_a_change_outside_the_agent_breaks_the_equality() -> None:
     full = episode_distribution(instance, new)
     suffix = suffix_resampled_distribution(instance, old, new, agent=1)
     assert _tv(full, suffix) > 1e-3
+
+
+def test_the_stage_loop_with_suffix_resampling_trains_the_exact_team_as_full_resampling() -> None:
+    rng = np.random.default_rng(11)
+    instance = random_instance(rng, n_agents=3, n_messages=3, contexts=2, horizon=3, round_robin=True)
+    logits = random_logits(instance, rng, 1.0)
+    runs = {}
+    for resample in ("full", "suffix"):
+        team = TabularTeam(instance, logits, delta=0.05)
+        train(team, ScheduleConfig(kind="teamtr", resample=resample), stages=2)
+        runs[resample] = [r.as_dict() for r in team.records]
+    assert runs["suffix"] == runs["full"] and len(runs["full"]) == 6
