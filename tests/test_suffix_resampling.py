@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Literal
 
 import pytest
 import torch
@@ -28,9 +29,8 @@ EPISODES = 300
 def peaked_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """The tests' random tiny model with its output layer scaled up: a random init's next-token
     distribution is near uniform whatever the context (small logits), so no adapter could move it."""
+    from conftest import build_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.conftest import build_tiny_model
 
     src = build_tiny_model(tmp_path_factory.mktemp("tiny-src"))
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
@@ -138,9 +138,10 @@ def test_restarting_from_a_prefix_continues_the_transcript(engine):
 def test_trainer_with_suffix_resampling_keeps_the_prefix_before_the_updated_role(tmp_path):
     """`schedule.resample: suffix` in a real run: after adder1's update nothing is kept (it speaks
     first), after adder2's every episode keeps adder1's turn; only new tokens count as train_tokens."""
+    from test_training_trainer import small_config, train
+
     from teamtr.training.metrics import read_metrics
     from teamtr.training.warmstart import tiny_random_model
-    from tests.test_training_trainer import small_config, train
 
     model = str(tiny_random_model(tmp_path / "model"))
     cfg = small_config(model, tmp_path / "suffix", **{"schedule.resample": "suffix"})
@@ -155,3 +156,25 @@ def test_trainer_with_suffix_resampling_keeps_the_prefix_before_the_updated_role
     for prev, cur in zip(updates, updates[1:], strict=False):  # the resampled turns carry the new version
         assert cur["batch_turn_versions"][prev["adapter"]] == [prev["version_after"]]
     assert updates[-1]["train_tokens"] < full[-1]["train_tokens"]
+
+
+def reversed_chain(state) -> Literal["adder3", "adder2", "adder1", "__end__"]:
+    """A custom router (adder3, adder2, adder1): the team cannot restart from a prefix."""
+    k = len(state["transcript"])
+    return ["adder3", "adder2", "adder1"][k] if k < 3 else "__end__"
+
+
+def test_a_custom_router_falls_back_to_full_resampling_and_says_so(tmp_path):
+    from test_training_trainer import small_config, train
+
+    from teamtr.training.metrics import read_metrics
+    from teamtr.training.warmstart import tiny_random_model
+
+    model = str(tiny_random_model(tmp_path / "model"))
+    overrides = {"schedule.resample": "suffix", "team.router": f"{__name__}:reversed_chain"}
+    cfg = small_config(model, tmp_path / "run", **overrides)
+    updates = train(cfg)
+    resamples = read_metrics(cfg.run_dir, kind="resample")
+    assert [r["mode"] for r in resamples] == ["full", "full"]
+    assert all("custom router" in r["reason"] for r in resamples)
+    assert len(updates) == 3 and all(u["fresh"] for u in updates)
