@@ -8,7 +8,10 @@ thin adapter around the per-agent step (training/teamtr_step.py): it replays upd
 already completed, measures the diagnostics around the step (training/diagnostics.py), saves the
 accepted adapter (and pushes it to vLLM), logs the update record and hands over to the trainer's
 checkpoint. The schedule (teamtr / naive / joint /
-resample_every / importance_weighting) only changes which batch `update` receives.
+resample_every / importance_weighting) only changes which batch `update` receives; with
+`schedule.resample: suffix` the resample is `resample_suffix` (episodes re-run from the updated role's
+first turn). Over 400 lines because rollout, suffix resampling, monitor episodes and the update share
+the run's state, seeds and metrics log; the update's pieces live in their own modules already.
 """
 
 from __future__ import annotations
