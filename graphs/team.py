@@ -11,6 +11,9 @@ LangChain chat model, e.g. `ChatOpenAI` pointed at a vLLM server.
 `Team` is one builder of an ordinary compiled graph: its episodes go through the same capture path as any
 user graph (graphs/capture.py `run_episode`), which records each role's turn, pins adapter versions and
 seeds each call.
+
+`arun_from` restarts an episode from a kept prefix of its turns (the transcript they wrote is the
+graph's initial state, the router continues from there): suffix resampling (training/stage.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from teamtr.graphs.chat_format import ChatFormat, template_traits
 from teamtr.graphs.role_models import RoleModels, role_chat_model
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
-from teamtr.graphs.trajectory import Trajectory
+from teamtr.graphs.trajectory import Trajectory, Turn
 
 __all__ = ["RoundRobin", "Router", "Team", "TeamError", "TeamState", "derive_seed", "load_router"]
 
@@ -213,6 +216,59 @@ class Team(EpisodeRunner):
             recursion_limit=self.max_turns + 8,
             metadata={"team": self.name, "seed": seed},
         )
+
+    @property
+    def resumable(self) -> bool:
+        """Whether an episode can restart from a prefix of its turns: the round-robin router reads only
+        the transcript, which the turns give back (one turn per message). A custom router may keep its
+        own state or loop: those teams resample in full."""
+        return isinstance(self.router, RoundRobin)
+
+    async def arun_from(
+        self,
+        task: TaskInstance,
+        prefix: Sequence[Turn],
+        *,
+        verifier: Any | None = None,
+        seed: int | None = None,
+        adapter_pins: dict[str, tuple[str, int]] | None = None,
+        group_id: str = "",
+    ) -> Trajectory:
+        """The episode continued from `prefix` (turns of an earlier episode of `task`, none of which ended
+        it): the graph starts from the transcript they wrote; the new trajectory is the kept turns (as
+        they are: ids, log-probs, versions) followed by the newly sampled ones."""
+        if not self.resumable:
+            raise TeamError(f"team {self.name!r}: a custom router cannot restart from a prefix")
+        transcript = [{"role": t.role, "text": self._message_text(t)} for t in prefix]
+
+        def start(instance: TaskInstance) -> TeamState:
+            return {"task": instance.prompt, "transcript": transcript, "final": None}
+
+        suffix = await run_episode(
+            self.graph,
+            task,
+            name=self.name,
+            verifier=verifier,
+            seed=seed,
+            adapter_pins=adapter_pins,
+            group_id=group_id,
+            make_input=start,
+            read_output=_team_output,
+            recursion_limit=self.max_turns + 8,
+            metadata={"team": self.name, "seed": seed, "prefix_turns": len(prefix)},
+        )
+        suffix.turns = [*prefix, *suffix.turns]
+        return suffix
+
+    def _message_text(self, turn: Turn) -> str:
+        """The transcript text of a recorded turn: its text without the stop string that ended it, as the
+        engine-backed chat model put it in the transcript (graphs/chat_model.py)."""
+        stop = getattr(getattr(self.models.get(turn.role), "sampling", None), "stop", ()) or ()
+        for s in stop:
+            i = turn.text.find(s)
+            if i >= 0:
+                return turn.text[:i]
+        return turn.text
 
 
 def _team_input(task: TaskInstance) -> TeamState:

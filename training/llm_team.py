@@ -8,11 +8,15 @@ thin adapter around the per-agent step (training/teamtr_step.py): it replays upd
 already completed, measures the diagnostics around the step (training/diagnostics.py), saves the
 accepted adapter (and pushes it to vLLM), logs the update record and hands over to the trainer's
 checkpoint. The schedule (teamtr / naive / joint /
-resample_every / importance_weighting) only changes which batch `update` receives.
+resample_every / importance_weighting) only changes which batch `update` receives; with
+`schedule.resample: suffix` the resample is `resample_suffix` (episodes re-run from the updated role's
+first turn). Over 400 lines because rollout, suffix resampling, monitor episodes and the update share
+the run's state, seeds and metrics log; the update's pieces live in their own modules already.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -29,7 +33,7 @@ from teamtr.graphs.capture import EpisodeError
 from teamtr.graphs.role_models import UnknownRoleError
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
-from teamtr.graphs.team import derive_seed
+from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.certificate import CertificateTerm, certificate_form
@@ -173,6 +177,79 @@ class LLMStageTeam:
             self.state.train_tokens += batch.completion_tokens
         else:
             self.state.diagnostic_tokens += batch.completion_tokens
+        self.stage_batches[key] = batch
+        self.progress.rollout(stage, index, len(trajectories))
+        return batch
+
+    def resample_suffix(
+        self, stage: int, index: int, previous: RolloutBatch, updated: list[str]
+    ) -> RolloutBatch:
+        """Rollouts of pi^index by suffix resampling (schedule.resample: suffix): every episode of
+        `previous` kept up to the first turn of a role in `updated` (the roles changed since it was
+        sampled; the turns before are already samples of the current team), the graph re-run from there.
+        An episode none of them spoke in is kept whole. Only the new turns' tokens count as train_tokens.
+        A team that cannot restart from a prefix (a user graph, a custom router) resamples in full, and
+        the "resample" record in metrics.jsonl says so."""
+        key = f"s{stage}-k{index}"
+        if key in self.stage_batches:  # resumed mid-stage
+            return self.stage_batches[key]
+        if not (isinstance(self.team, Team) and self.team.resumable):
+            self.metrics.log(
+                "resample",
+                self.state.step,
+                batch_key=key,
+                mode="full",
+                reason="the team cannot restart from a prefix (user graph or custom router)",
+            )
+            return self.rollout(stage, index)
+        self.sync_rollout_adapters()
+        prompts = {p.id: p for p in self.stage_prompts(stage)}
+        seed = derive_seed(self.cfg.seed, "suffix", stage, index)
+        cuts = [
+            next((k for k, t in enumerate(traj.turns) if t.role in updated), None)
+            for traj in previous.trajectories
+        ]
+
+        async def episode(n: int) -> Trajectory:
+            traj, cut = previous.trajectories[n], cuts[n]
+            if cut is None:
+                return traj
+            return await self.team.arun_from(
+                prompts[traj.task_id],
+                traj.turns[:cut],
+                verifier=self.task,
+                seed=derive_seed(seed, n),
+                group_id=traj.group_id,
+            )
+
+        async def episodes() -> list[Trajectory]:
+            return list(await asyncio.gather(*(episode(n) for n in range(len(cuts)))))
+
+        try:
+            trajectories = asyncio.run(episodes())
+        except EpisodeError as e:
+            self.metrics.log("failed", self.state.step, where=key, error=f"{type(e).__name__}: {e}")
+            raise RunDirError(f"stage {stage} suffix resample {index} failed: {e}") from e
+        kept = sum(
+            len(traj.turns[:c]) for traj, c in zip(previous.trajectories, cuts, strict=True) if c is not None
+        )
+        new_tokens = sum(
+            sum(len(t.completion_ids) for t in traj.turns[c:])
+            for traj, c in zip(trajectories, cuts, strict=True)
+            if c is not None
+        )
+        batch = RolloutBatch(key, stage, index, trajectories, self.versions())
+        self.state.train_tokens += new_tokens
+        self.metrics.log(
+            "resample",
+            self.state.step,
+            batch_key=key,
+            mode="suffix",
+            updated=list(updated),
+            episodes_kept_whole=cuts.count(None),
+            turns_kept=kept,
+            new_tokens=new_tokens,
+        )
         self.stage_batches[key] = batch
         self.progress.rollout(stage, index, len(trajectories))
         return batch

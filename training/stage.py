@@ -15,6 +15,11 @@ The schedule is a parameter, not a copy per variant:
   resample_every=k      resample after every k updates (teamtr is k=1; naive is k>=n)
   importance_weighting  stale batch, reweighted towards pi^(i-1) by the team (logs ESS/B)
   joint                 every agent updated at once from pi^0 on one batch
+  resample=suffix       teamtr's resample keeps each episode of the previous batch up to the first
+                        message of a role updated since, and samples only the rest from the current
+                        team (`SuffixResampling.resample_suffix`): the kept prefix is already a sample of
+                        the current team (exact check: training/theory/suffix.py). A team without it
+                        resamples in full.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ Batch = TypeVar("Batch")
 
 ScheduleKind = Literal["teamtr", "naive", "joint", "importance_weighting"]
 OrderKind = Literal["fixed", "reversed", "random"]
+ResampleKind = Literal["full", "suffix"]
 
 
 @dataclass
@@ -42,6 +48,10 @@ class ScheduleConfig:
     # (the surrogate on the stage-start batch vs on the fresh batch). Costs rollouts; off by default
     # for naive runs that are compared at equal token budgets.
     diagnose_stale_gap: bool = False
+    # teamtr's resample: `full` samples every episode again; `suffix` re-samples each episode of the
+    # previous batch from the first message of a role updated since (same distribution, fewer tokens).
+    # `full` stays the default so seeded runs keep their numbers.
+    resample: ResampleKind = "full"
 
     def __post_init__(self) -> None:
         if self.kind not in ("teamtr", "naive", "joint", "importance_weighting"):
@@ -50,6 +60,8 @@ class ScheduleConfig:
             raise ValueError("resample_every must be >= 1")
         if self.order not in ("fixed", "reversed", "random"):
             raise ValueError(f"unknown order {self.order!r}")
+        if self.resample not in ("full", "suffix"):
+            raise ValueError(f"unknown resample {self.resample!r}")
 
 
 @dataclass
@@ -108,6 +120,15 @@ class StageTeam(Protocol[Batch, U]):
         ...
 
 
+class SuffixResampling(Protocol[Batch]):
+    """A team that can resample only the part of a batch's episodes a role update can change."""
+
+    def resample_suffix(self, stage: int, index: int, previous: Batch, updated: list[str]) -> Batch:
+        """Episodes of pi^index: each episode of `previous` kept up to the first message of a role in
+        `updated` (the roles updated since `previous` was sampled), the rest sampled from the team now."""
+        ...
+
+
 def stage_order(roles: list[str], order: OrderKind, rng: random.Random) -> list[str]:
     if order == "fixed":
         return list(roles)
@@ -133,13 +154,21 @@ def run_stage(
         return record
 
     batch, fresh = stage_start_batch, True
+    sampled_at = 1  # the batch is of pi^(sampled_at - 1): roles sigma[sampled_at - 1 : i - 1] changed since
+    suffix = cfg.resample == "suffix" and callable(getattr(team, "resample_suffix", None))
     for i, role in enumerate(sigma, start=1):
         fresh_batch = stage_start_batch if i == 1 else None
         if i > 1:
             resample = cfg.kind == "teamtr" and (i - 1) % cfg.resample_every == 0
-            if resample or cfg.diagnose_stale_gap:
+            if resample and suffix:  # rollouts of pi^(i-1), re-sampled from the updated roles' turns on
+                updated = sigma[sampled_at - 1 : i - 1]
+                fresh_batch = team.resample_suffix(stage, i - 1, batch, updated)  # type: ignore[attr-defined]
+                record.rollouts += 1
+            elif resample or cfg.diagnose_stale_gap:
                 fresh_batch = team.rollout(stage, i - 1)  # rollouts of pi^(i-1)
                 record.rollouts += 1
+            if resample:
+                sampled_at = i
             # without a resample the batch comes from a team older than pi^(i-1): stale
             batch, fresh = (fresh_batch, True) if resample else (batch, False)
         ctx = UpdateContext(

@@ -117,6 +117,11 @@ class TabularTeam:
     def rollout(self, stage: int, index: int) -> ExactBatch:
         return ExactBatch(logits=_copy(self.logits), evaluation=self.evaluation())
 
+    def resample_suffix(self, stage: int, index: int, previous: ExactBatch, updated: list[str]) -> ExactBatch:
+        """schedule.resample: suffix. Its episodes are distributed exactly as the current team's
+        (training/theory/suffix.py, tests/test_theory_suffix.py), so its exact batch is the current team's."""
+        return self.rollout(stage, index)
+
     def update(self, ctx: UpdateContext[ExactBatch]) -> UpdateRecord:
         agent = self.instance.agent_index(ctx.role)
         mask = self.instance.agent_mask(agent)
