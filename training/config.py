@@ -224,7 +224,7 @@ class TrainConfig(_Strict):
         if isinstance(v, ScheduleConfig):
             return v
         if not isinstance(v, dict):
-            raise ValueError("schedule must be a mapping (kind, resample_every, order, diagnose_stale_gap)")
+            raise ValueError("schedule must be a mapping (kind, resample_every, resample, order, diagnose_stale_gap)")
         known = set(ScheduleConfig.__dataclass_fields__)
         unknown = set(v) - known
         if unknown:
