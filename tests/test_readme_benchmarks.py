@@ -27,7 +27,8 @@ def test_readme_benchmark_commands_run_at_tiny_sizes(tiny_model_dir, tmp_path):
         capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert overhead.returncode == 0, overhead.stderr[-3000:]
-    assert "TeamTR / naive: rollout tokens per stage" in overhead.stdout
+    for schedule in ("teamtr", "teamtr_suffix"):  # full and suffix resampling, each against naive
+        assert f"{schedule} / naive: rollout tokens per stage" in overhead.stdout
     newcomer = tmp_path / "newcomer"
     shutil.copytree(tiny_model_dir, newcomer)
     shock = subprocess.run(
