@@ -141,7 +141,7 @@ class EngineChatModel(BaseChatModel):
         else:
             gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=self.base_model)
         version = kwargs.get("adapter_version", gen.adapter_version)
-        content = _strip_stop(gen.text, sampling.stop)
+        content = strip_stop(gen.text, sampling.stop)
         calls: dict[str, Any] = {}
         if tools:  # only a model given tools calls them: without, the text is a plain message
             content, valid, invalid = parse_tool_calls(
@@ -292,7 +292,7 @@ def tool_calls_of(reply: BaseMessage) -> dict[str, list[dict[str, Any]]]:
     return {"tool_calls": valid, "invalid_tool_calls": invalid}
 
 
-def _strip_stop(text: str, stop: tuple[str, ...]) -> str:
+def strip_stop(text: str, stop: tuple[str, ...]) -> str:
     """The message text without the stop string that ended it (the tokens keep it)."""
     for s in stop:
         i = text.find(s)

@@ -31,6 +31,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from teamtr.graphs.capture import EpisodeRunner, derive_seed, run_episode
 from teamtr.graphs.chat_format import ChatFormat, template_traits
+from teamtr.graphs.chat_model import strip_stop
 from teamtr.graphs.role_models import RoleModels, role_chat_model
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.graphs.task import TaskInstance
@@ -202,19 +203,24 @@ class Team(EpisodeRunner):
         config: dict[str, Any] | None = None,
     ) -> Trajectory:
         """One episode. `verifier` (a TaskFamily) scores the final answer into the reward."""
+        return await self._episode(
+            task, _team_input, {"team": self.name, "seed": seed}, verifier=verifier, seed=seed,
+            adapter_pins=adapter_pins, group_id=group_id, config=config,
+        )  # fmt: skip
+
+    async def _episode(
+        self, task: TaskInstance | str, start: Callable, metadata: dict[str, Any], **options: Any
+    ) -> Trajectory:
+        """One run of the team's graph from the state `start(task)` (graphs/capture.py run_episode)."""
         return await run_episode(
             self.graph,
             task,
             name=self.name,
-            verifier=verifier,
-            seed=seed,
-            adapter_pins=adapter_pins,
-            group_id=group_id,
-            config=config,
-            make_input=_team_input,
+            make_input=start,
             read_output=_team_output,
             recursion_limit=self.max_turns + 8,
-            metadata={"team": self.name, "seed": seed},
+            metadata=metadata,
+            **options,
         )
 
     @property
@@ -244,31 +250,17 @@ class Team(EpisodeRunner):
         def start(instance: TaskInstance) -> TeamState:
             return {"task": instance.prompt, "transcript": transcript, "final": None}
 
-        suffix = await run_episode(
-            self.graph,
-            task,
-            name=self.name,
-            verifier=verifier,
-            seed=seed,
-            adapter_pins=adapter_pins,
-            group_id=group_id,
-            make_input=start,
-            read_output=_team_output,
-            recursion_limit=self.max_turns + 8,
-            metadata={"team": self.name, "seed": seed, "prefix_turns": len(prefix)},
+        metadata = {"team": self.name, "seed": seed, "prefix_turns": len(prefix)}
+        suffix = await self._episode(
+            task, start, metadata, verifier=verifier, seed=seed, adapter_pins=adapter_pins, group_id=group_id
         )
         suffix.turns = [*prefix, *suffix.turns]
         return suffix
 
     def _message_text(self, turn: Turn) -> str:
-        """The transcript text of a recorded turn: its text without the stop string that ended it, as the
-        engine-backed chat model put it in the transcript (graphs/chat_model.py)."""
+        """The transcript text of a recorded turn, as the engine-backed chat model put it there."""
         stop = getattr(getattr(self.models.get(turn.role), "sampling", None), "stop", ()) or ()
-        for s in stop:
-            i = turn.text.find(s)
-            if i >= 0:
-                return turn.text[:i]
-        return turn.text
+        return strip_stop(turn.text, tuple(stop))
 
 
 def _team_input(task: TaskInstance) -> TeamState:
