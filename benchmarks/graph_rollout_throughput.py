@@ -37,7 +37,7 @@ from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Send
-from transformers import LlamaForCausalLM
+from rollout_throughput import build_model  # beside this script: the same demo-size model
 
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.capture import GraphTeam, derive_seed
@@ -47,17 +47,9 @@ from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.tiny_models import build_char_tokenizer, tiny_llama_config
 
 ROLES = ("planner", "left", "right", "merger")
 
-
-def build_model(out: Path) -> Path:
-    torch.manual_seed(0)
-    tok = build_char_tokenizer()
-    LlamaForCausalLM(tiny_llama_config(len(tok))).save_pretrained(out)  # the demo size: 128 x 4 layers
-    tok.save_pretrained(out)
-    return out
 
 
 class State(TypedDict):
