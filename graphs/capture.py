@@ -28,6 +28,9 @@ of a thread starts from `make_input(task)`, a later one from `continue_input(tas
 which LangGraph applies to the stored state through the graph's reducers (a `MessagesState` appends the
 new messages). Either way the trajectory holds only this episode's calls, and the checkpoint is written
 once, when the episode ends (durability "exit").
+
+Over ~400 lines because the capture callback, the input/output conventions, `run_episode` and the
+runners over it (`EpisodeRunner`, `GraphTeam`) are the one path every episode takes.
 """
 
 from __future__ import annotations
