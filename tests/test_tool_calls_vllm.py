@@ -1,12 +1,12 @@
-"""Tool calls through the real vLLM engine: a role whose LoRA adapter was taught (in this test, ~10 s) to
+"""Tool calls through the real vLLM engine: a role whose tiny model was taught (in this test, ~15 s) to
 call a tool and then answer from its result runs a `model -> tools_condition -> ToolNode -> model` graph
-on the session's vLLM server, in a rollout and behind the chat API; the call is parsed from vLLM's text
+on a vLLM server of that model, in a rollout and behind the chat API; the call is parsed from vLLM's text
 into `tool_calls`, ToolNode runs it, the next prompt holds the result, and the turns and the trace spans
 record it (docs/graphs.md "Tools")."""
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,7 +20,6 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from transformers import AutoTokenizer
-from vllm_fixtures import LORA_TARGETS
 
 from teamtr.graphs.capture import GraphTeam
 from teamtr.graphs.chat_format import render_prompt_ids
@@ -29,8 +28,9 @@ from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.tool_calls import format_tool_call
+from teamtr.serving.vllm_engine import VLLMEngine
+from teamtr.serving.vllm_server import VLLMServer, start_vllm_server
 
-pytest_plugins = ["vllm_fixtures"]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # the session's vLLM server starts in 30 s or more
 
 torch.set_num_threads(1)
@@ -51,9 +51,9 @@ CALL = format_tool_call("inc", {"x": 4})
 SCHEMA = {"type": "function", "function": {"name": "inc", "parameters": {"type": "object"}}}
 
 
-def roles() -> list[Role]:
-    """One role with its own adapter; greedy, so the taught completions come back exactly."""
-    return [Role("agent", "", adapter="agent", sampling=SamplingParams(temperature=0.0, max_new_tokens=72))]
+def roles(adapter: str | None = "agent") -> list[Role]:
+    """One role (with its own adapter when served); greedy, so the taught completions come back exactly."""
+    return [Role("agent", "", adapter=adapter, sampling=SamplingParams(temperature=0.0, max_new_tokens=72))]
 
 
 def build(models: RoleModels):
@@ -82,66 +82,83 @@ def contexts(tokenizer) -> tuple[list[int], list[int]]:
 
 
 @pytest.fixture(scope="module")
-def taught_adapter(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A LoRA adapter on the session's model, fine-tuned until greedy decoding writes the call after the
-    question and the answer after the result (with a margin, so vLLM's numerics decode the same)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+def taught_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' tiny random Llama fine-tuned (~150 steps, ~15 s) until greedy decoding writes the call
+    after the question and the answer after the result, with a margin so vLLM's numerics decode the same.
+    (A LoRA adapter on the frozen random model does not learn this: the whole model is tuned.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm_fixtures import build_tiny_model
 
+    path = build_tiny_model(tmp_path_factory.mktemp("taught") / "model")
     torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(vllm_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rows = []
     for prompt, completion in zip(contexts(tok), [CALL, ANSWER], strict=True):
         target = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         rows.append((torch.tensor([prompt + target]), len(prompt)))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(600):
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(400):
         opt.zero_grad()
         losses = []
         for ids, n in rows:
             labels = ids.clone()
-            labels[0, :n] = -100
+            labels[0, :n] = -100  # the completion only, as in training
             losses.append(model(input_ids=ids, labels=labels).loss)
         if max(loss.item() for loss in losses) < 0.01:
             break
         sum(losses).backward()
         opt.step()
-    assert max(loss.item() for loss in losses) < 0.01, "the adapter did not learn the call"
-    out = tmp_path_factory.mktemp("taught") / "agent"
-    model.save_pretrained(str(out), safe_serialization=True)
-    return out
+    assert max(loss.item() for loss in losses) < 0.01, "the model did not learn the call"
+    model.save_pretrained(path)
+    return path
 
 
-async def test_a_rollout_on_vllm_calls_the_tool_and_reads_its_result(vllm_engine, taught_adapter):
-    first, second = contexts(vllm_engine.tokenizer())
-    await vllm_engine.load_adapter("agent", str(taught_adapter))
+@pytest.fixture(scope="module")
+def taught_server(taught_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A vLLM server of its own for the taught model (the session's server serves the random one)."""
+    from vllm_fixtures import vllm_skip_reason
+
+    reason = vllm_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    log = tmp_path_factory.mktemp("vllm-tools-log") / "server.log"
+    server = start_vllm_server(taught_model_dir, served_model_name="tiny-tools", max_loras=2, log_path=str(log))
     try:
-        team = GraphTeam(build(RoleModels(vllm_engine, roles())), name="tools", roles=["agent"])
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_a_rollout_on_vllm_calls_the_tool_and_reads_its_result(taught_server):
+    engine = VLLMEngine({"base": taught_server})
+    first, second = contexts(engine.tokenizer())
+    try:
+        team = GraphTeam(build(RoleModels(engine, roles(adapter=None))), name="tools", roles=["agent"])
         (trajectory,) = await team.rollout([TaskInstance(id="t", prompt=QUESTION, answer=None)], seed=0)
     finally:
-        await vllm_engine.unload_adapter("agent")
+        engine.close()
     call, answer = trajectory.turns
     assert call.text == CALL and call.prompt_ids == first
     assert [(c["name"], c["arguments"]) for c in call.tool_calls] == [("inc", {"x": 4})]
-    assert call.invalid_tool_calls == [] and call.adapter == "agent"
+    assert call.invalid_tool_calls == []
     assert answer.prompt_ids == second  # the ToolNode's result, rendered by the template, as vLLM saw it
     assert answer.text == ANSWER and answer.tool_calls == [] and trajectory.final_answer == ANSWER
     assert all(len(t.logprobs) == len(t.completion_ids) > 0 for t in trajectory.turns)
 
 
-def test_a_served_team_on_vllm_calls_the_tool_and_traces_it(vllm_server, vllm_model_dir, taught_adapter, tmp_path):
-    from serving_fixtures import serve_in_background
+def test_a_served_team_on_vllm_calls_the_tool_and_traces_it(taught_server, taught_model_dir, tmp_path):
+    from serving_fixtures import serve_in_background, write_versions
 
     from teamtr.cli.server import ServeConfig
     from teamtr.serving.tracing import trajectories_from_store
 
     run = tmp_path / "tools"
-    shutil.copytree(taught_adapter, run / "adapters" / "agent" / "v1")  # the layout the trainer writes
-    graph = {"graph": f"{__name__}:build", "roles": f"{__name__}:roles", "model": str(vllm_model_dir)}
+    # the role's adapter as the trainer writes it, with B = 0: the served role speaks as the taught model
+    write_versions(taught_model_dir, run, range(1, 2), roles=("agent",), scale=0.0)
+    graph = {"graph": f"{__name__}:build", "roles": f"{__name__}:roles", "model": str(taught_model_dir)}
     (run / "config.yaml").write_text(yaml.safe_dump({"team": graph}))
-    config = ServeConfig.from_run_dir(run, engine="vllm", vllm_url=vllm_server.url)  # traces: run/traces.db
+    config = ServeConfig.from_run_dir(run, engine="vllm", vllm_url=taught_server.url)  # traces: run/traces.db
     recorded = []
     with serve_in_background(config, on_trajectory=recorded.append) as server:
         body = {"model": "tools", "messages": [{"role": "user", "content": QUESTION}]}
@@ -151,7 +168,7 @@ def test_a_served_team_on_vllm_calls_the_tool_and_traces_it(vllm_server, vllm_mo
     assert [t["text"] for t in r.json()["teamtr"]["turns"]] == [CALL, ANSWER]
     (served,) = recorded
     (traced,) = trajectories_from_store(run / "traces.db")
-    first, second = contexts(AutoTokenizer.from_pretrained(vllm_model_dir))
+    first, second = contexts(AutoTokenizer.from_pretrained(taught_model_dir))
     for trajectory in (served, traced):  # the episode as it ran, and as its spans give it back
         call, answer = trajectory.turns
         assert [(c["name"], c["arguments"]) for c in call.tool_calls] == [("inc", {"x": 4})]
