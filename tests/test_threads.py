@@ -185,3 +185,25 @@ def test_extra_choices_see_the_thread_but_only_the_first_continues_it(run_dir, t
     assert [e["text"] for e in state["transcript"][4:7]] == [strip_stop(t.text, ("\n",)) for t in choice0.turns]
     # the streamed request (a thread's third) saw both earlier requests
     assert MESSAGES[1] in tokenizer.decode(seen[-1].turns[0].prompt_ids)
+
+
+async def test_an_evicted_conversation_takes_its_checkpoints_with_it(tmp_path):
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from teamtr.serving.conversations import Conversations, thread_config
+
+    g = StateGraph(MessagesState)
+    g.add_node("echo", lambda state: {"messages": [("ai", "ok")]})
+    g.add_edge(START, "echo")
+    conversations = Conversations(1, tmp_path / "conversations.db")
+    saver = await conversations.saver()
+    graph = g.compile(checkpointer=saver)
+    for thread in ("old", "new"):
+        await graph.ainvoke({"messages": [("user", thread)]}, thread_config(thread))
+    assert conversations.add_episode("old") == []
+    assert conversations.add_episode("new") == ["old"]  # capacity 1: the oldest goes
+    await conversations.forget(["old"])
+    assert await saver.aget_tuple(thread_config("old")) is None
+    assert await saver.aget_tuple(thread_config("new")) is not None
+    assert "old" not in conversations and conversations.episodes("new") == 1
+    await conversations.aclose()
