@@ -30,6 +30,7 @@ from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
+from teamtr.graphs.tool_calls import format_tool_call
 from teamtr.training.user_graph import default_input
 
 MAX_TOOL_ROUNDS = 2  # solver turns that may call the tool in one episode
@@ -49,6 +50,12 @@ def calc(expression: str) -> str:
 
 
 TOOLS = [calc]
+# a small model copies a call it is shown more readily than it follows a schema alone
+SOLVER_PROMPT = (
+    "Work out the sum with the calc tool. Call it like this:\n"
+    + format_tool_call("calc", {"expression": "2+2"})
+    + "\nThen say the value."
+)
 
 
 def roles(max_new_tokens: int = 64) -> list[Role]:
@@ -56,7 +63,7 @@ def roles(max_new_tokens: int = 64) -> list[Role]:
     No stop string: a tool call spans several lines, so a message ends at the model's end of message."""
     say = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     return [
-        Role("solver", "Work out the sum. Use the calc tool for arithmetic.", adapter="solver", sampling=say),
+        Role("solver", SOLVER_PROMPT, adapter="solver", sampling=say),
         Role("reviewer", "Check the work above and write the final value as one integer.", adapter="reviewer",
              sampling=say),
     ]  # fmt: skip
