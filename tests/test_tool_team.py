@@ -1,25 +1,28 @@
 """examples/tool_team.py end to end: TeamTR trains the tool-using team briefly on a tiny random Llama, then
 `teamtr serve` (its own process) holds a three-request conversation on one thread with the `openai`
 client; request 3's episode sees requests 1-2 from the LangGraph checkpoint, and after a restart of the
-server the same thread goes on (docs/serving.md "Threads")."""
+server the same thread goes on (docs/serving.md "Threads"). With a scripted solver (a langchain-core fake
+chat model), bad tool calls come back as error ToolMessages and the round guard ends a calling loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
+import warnings
 from pathlib import Path
 
 import httpx
 import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from serve_process import serve_process
 from test_user_graphs import ROOT, example_config, train
 from transformers import AutoTokenizer
 
+from teamtr.graphs.capture import ForeignModelWarning
 from teamtr.serving.conversations import thread_config
 from teamtr.serving.tracing import trajectories_from_store
-
-pytestmark = pytest.mark.slow  # a short training and two server processes
 
 QUESTIONS = ["2+3+4+5", "6+1+1+7", "9+9+2+1", "4+4+4+4"]
 THREAD = "tool-thread-1"
@@ -50,6 +53,7 @@ def _thread_episodes(run_dir: Path) -> list:
     return [t for t in episodes if t.metadata.get("conversation_id") == THREAD]
 
 
+@pytest.mark.slow  # a short training and two server processes
 def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(model_dir, tmp_path):
     import openai
 
@@ -108,3 +112,74 @@ def _checkpoint_messages(path: Path) -> list:
         found = SqliteSaver(conn).get_tuple(thread_config(THREAD))
     assert found is not None, f"no checkpoint of thread {THREAD} in {path}"
     return found.checkpoint["channel_values"]["messages"]
+
+
+class ScriptedModel(GenericFakeChatModel):
+    """A real langchain-core chat model that replies from a script and accepts tools (as a solver must)."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+def _scripted_episode(solver_replies: list, reviewer_reply: str) -> tuple:
+    from langchain_core.messages import AIMessage
+
+    from examples.tool_team import build, make_input, roles
+    from teamtr.graphs.capture import run_episode
+    from teamtr.graphs.role_models import RoleModels
+    from teamtr.graphs.task import TaskInstance
+
+    models = {"solver": ScriptedModel(messages=iter(solver_replies)),
+              "reviewer": ScriptedModel(messages=iter([AIMessage(reviewer_reply)]))}  # fmt: skip
+    states = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ForeignModelWarning)
+        trajectory = asyncio.run(
+            run_episode(
+                build(RoleModels(None, roles(), models)),
+                TaskInstance(id="t", prompt="3+7+9+5", answer=None),
+                make_input=make_input,
+                reward=lambda task, state: states.append(state) or 0.0,
+            )
+        )
+    return trajectory, states[0]
+
+
+def test_bad_tool_calls_come_back_as_errors_and_the_episode_goes_on():
+    """The example's ToolNode: a raising tool (calc on a non-expression), an unknown tool and arguments
+    that fail the schema each give the solver an error ToolMessage; it calls again, reads the value, and
+    the reviewer answers. The trajectory records every call."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.messages.tool import tool_call
+
+    bad = [tool_call(name="calc", args={"expression": "two plus"}, id="raises"),
+           tool_call(name="abacus", args={}, id="unknown"),
+           tool_call(name="calc", args={"expr": 3}, id="schema")]  # fmt: skip
+    good = [tool_call(name="calc", args={"expression": "3+7+9+5"}, id="good")]
+    trajectory, state = _scripted_episode(
+        [AIMessage("", tool_calls=bad), AIMessage("", tool_calls=good), AIMessage("24")], "24"
+    )
+    assert [t.role for t in trajectory.turns] == ["solver", "solver", "solver", "reviewer"]
+    assert [c["id"] for c in trajectory.turns[0].tool_calls] == ["raises", "unknown", "schema"]
+    assert trajectory.turns[1].tool_calls[0]["arguments"] == {"expression": "3+7+9+5"}
+    results = {m.tool_call_id: m for m in state["messages"] if m.type == "tool"}
+    assert all(results[i].status == "error" for i in ("raises", "unknown", "schema"))
+    assert "not an integer + - * expression" in results["raises"].content
+    assert "abacus is not a valid tool" in results["unknown"].content
+    assert "expression" in results["schema"].content  # the missing field, named by the schema check
+    assert results["good"].content == "24" and results["good"].status == "success"
+    assert trajectory.final_answer == "24" and state["tool_rounds"] == 2
+
+
+def test_a_solver_that_keeps_calling_is_stopped_by_the_round_guard():
+    from langchain_core.messages import AIMessage
+    from langchain_core.messages.tool import tool_call
+
+    from examples.tool_team import MAX_TOOL_ROUNDS
+
+    calls = [AIMessage("", tool_calls=[tool_call(name="calc", args={"expression": "1+1"}, id=f"c{k}")])
+             for k in range(MAX_TOOL_ROUNDS + 3)]  # fmt: skip
+    trajectory, state = _scripted_episode(calls, "2")
+    roles = [t.role for t in trajectory.turns]
+    assert roles == ["solver"] * (MAX_TOOL_ROUNDS + 1) + ["reviewer"]
+    assert sum(m.type == "tool" for m in state["messages"]) == MAX_TOOL_ROUNDS
