@@ -223,7 +223,7 @@ class Server:
         for server in self.vllm_servers:
             server.stop()
         if self.conversations is not None:
-            self.conversations.close()
+            await self.conversations.aclose()
 
 
 def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> tuple[Any, list[Any]]:
