@@ -114,8 +114,9 @@ class Trainer:
         state = RunState()
         # the other ranks' records (the same numbers) go to a scratch directory: rank 0 writes the run's
         metrics = MetricsLog(self.run_dir) if main else MetricsLog(tempfile.mkdtemp(), tensorboard=False)
-        if ckpt is not None and main:
-            metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
+        if ckpt is not None:
+            if main:
+                metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
             state = RunState(**ckpt.state["run"])
         team = LLMStageTeam(
             cfg,
