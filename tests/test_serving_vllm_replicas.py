@@ -2,7 +2,8 @@
 every role's adapter is promoted twice, and one server is killed (SIGKILL) and later restarted on its
 port. No request fails, every turn of every episode was sampled by the adapter version pinned at the
 episode's start (its log-probs rescored by transformers at that version), the dead server is taken out
-and rejoins holding the current adapters, and then serves episodes again. Skips only where vLLM is not
+and rejoins holding the current adapters, and then serves episodes again; an adapter every replica
+refuses is reported to the caller and takes no replica out. Skips only where vLLM is not
 installed (a failure under CI, tests/ci_strict.py)."""
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import httpx
 import openai
 import pytest
 from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_versions
+from vllm_fixtures import random_lora_adapter
 
 from teamtr.cli.server import ServeConfig
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.serving.registry import version_dirs
+from teamtr.serving.vllm_http import VLLMRequestError
 from teamtr.serving.vllm_server import VLLMServer, VLLMServerConfig, launch
 
 pytest_plugins = ["vllm_fixtures"]
@@ -133,6 +136,13 @@ def test_two_replicas_with_pushes_and_a_killed_server(vllm_server, vllm_model_di
             with ThreadPoolExecutor(CLIENTS) as pool:
                 after = list(pool.map(ask, range(CLIENTS)))
             assert rejoined.episodes > before  # it serves again
+
+            # an adapter every replica refuses (rank 64 > --max-lora-rank 16) is the adapter's fault:
+            # the caller gets vLLM's error and no replica leaves the rotation
+            bad = random_lora_adapter(vllm_model_dir, tmp_path / "rank64", seed=1, rank=64)
+            with pytest.raises(VLLMRequestError, match="refused"):
+                server.call(engine.load_adapter, "too-wide", str(bad))
+            assert len(engine.in_rotation()) == 2 and "too-wide" not in engine.adapters()
             assert all(
                 r.model_extra["teamtr"]["adapter_versions"] == {role: 3 for role in ROLES} for r in after
             )
