@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 
 # HTTP statuses that say the replica, not the request, is at fault (0: no HTTP answer at all)
 REPLICA_FAILURE_STATUSES = frozenset({0, 500, 502, 503, 504})
+# health probes a replica in rotation may fail in a row before it is taken out (a failed request takes it
+# out at once); probe timeouts are generous for the same reason: a loaded server answers late
+PROBE_MISSES = 2
+PROBE_TIMEOUT_S = 10.0
 
 
 class NoReplicaError(RuntimeError):
@@ -81,6 +85,7 @@ class Replica:
     outstanding: int = 0  # requests in flight from this engine
     episodes: int = 0  # episodes routed here so far (breaks ties)
     loaded: set[str] = field(default_factory=set)  # adapters whose load finished here
+    misses: int = 0  # health probes failed in a row
     reason: str = ""  # why out of rotation
 
     @property
@@ -349,23 +354,25 @@ class VLLMReplicaEngine:
     def _healthy(self, replica: Replica) -> tuple[bool, str]:
         """(answers and holds every adapter it loaded, why not)."""
         try:
-            if httpx.get(f"{replica.url}/health", timeout=2.0).status_code != 200:
+            if httpx.get(f"{replica.url}/health", timeout=PROBE_TIMEOUT_S).status_code != 200:
                 return False, "/health not 200"
             if not replica.in_rotation:
                 return True, ""
-            models = httpx.get(f"{replica.url}/v1/models", timeout=5.0).json()["data"]
+            models = httpx.get(f"{replica.url}/v1/models", timeout=PROBE_TIMEOUT_S).json()["data"]
         except (httpx.HTTPError, ValueError, KeyError) as e:
             return False, f"health probe: {type(e).__name__}: {e}"
         missing = set(replica.loaded) - {m["id"] for m in models}
         return (False, f"lost adapters {sorted(missing)} (restarted?)") if missing else (True, "")
 
     def probe(self) -> None:
-        """One round of the health probe: take out the replicas that stopped answering, bring back
-        those that answer again (after loading every current adapter on them)."""
+        """One round of the health probe: take out the replicas that stopped answering (PROBE_MISSES
+        rounds in a row: a busy server may miss one), bring back those that answer again (after loading
+        every current adapter on them)."""
         for replicas in self._replicas.values():
             for replica in replicas:
                 ok, why = self._healthy(replica)
-                if replica.in_rotation and not ok:
+                replica.misses = 0 if ok else replica.misses + 1
+                if replica.in_rotation and not ok and replica.misses >= PROBE_MISSES:
                     self._take_out(replica, why)
                 elif not replica.in_rotation and ok:
                     try:
