@@ -44,7 +44,7 @@ def train(
 
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # start K ranks of this same command
         args = [str(config), *(["--run-dir", run_dir] if run_dir else []), *(a for p in set_ for a in ("--set", p))]
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         raise typer.Exit(subprocess.call([*command, "-m", "teamtr.cli", "train", *args]))
     overrides = _overrides(set_)
     if run_dir:
