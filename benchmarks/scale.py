@@ -83,7 +83,7 @@ def train_config(model: Path, run_dir: Path) -> dict:
         "team": {"model": str(model), "lora_rank": 8, "roles": "teamtr.graphs.chain_team:chain_roles"},
         "rollout": {"prompts_per_update": 8, "group_size": 4},
         "optim": {"lr": 3e-3, "epochs": 2, "minibatch_messages": 32},
-        "eval": {"stage_episodes": 0, "final_episodes": 0},
+        "eval": {"stage_episodes": 0, "final_episodes": 1},
         "trust_region": {"monitor_episodes": 0},  # held-out rollouts inside the update: not its cost
         "torch_threads": 1,
     }
