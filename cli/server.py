@@ -99,6 +99,7 @@ class ServeConfig(BaseModel):
     vllm_replicas: int = Field(1, ge=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_pipeline_parallel_size: int = Field(1, ge=1)
+    vllm_replica_devices: list[str] = Field(default_factory=list)  # CUDA_VISIBLE_DEVICES per replica
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_keys: list[str] = Field(default_factory=list)
@@ -257,6 +258,7 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
             replicas=config.vllm_replicas,
             tensor_parallel_size=config.vllm_tensor_parallel_size,
             pipeline_parallel_size=config.vllm_pipeline_parallel_size,
+            devices=config.vllm_replica_devices,
             max_lora_rank=max_lora_rank,
         )
     if config.vllm_url:

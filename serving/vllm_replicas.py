@@ -445,9 +445,26 @@ def _probe_loop(engine_ref: weakref.ref[VLLMReplicaEngine], stop: threading.Even
         del engine
 
 
-def launch_replicas(config: VLLMServerConfig, count: int) -> list[VLLMServer]:
-    """Start `count` servers of `config` at once (each on its own free port); all or none."""
-    configs = [dataclasses.replace(config, port=None) for _ in range(count)]
+def replica_configs(
+    config: VLLMServerConfig, count: int, devices: Sequence[str] = ()
+) -> list[VLLMServerConfig]:
+    """`count` copies of `config`, each on a free port; with `devices`, replica i sees only the GPUs
+    `devices[i]` (its CUDA_VISIBLE_DEVICES, e.g. "0" or "2,3" for tensor parallel 2)."""
+    if devices and len(devices) != count:
+        raise ValueError(f"{count} replicas need {count} device sets, got {len(devices)}: {list(devices)}")
+    return [
+        dataclasses.replace(
+            config,
+            port=None,
+            extra_env={**config.extra_env, **({"CUDA_VISIBLE_DEVICES": devices[i]} if devices else {})},
+        )
+        for i in range(count)
+    ]
+
+
+def launch_replicas(config: VLLMServerConfig, count: int, devices: Sequence[str] = ()) -> list[VLLMServer]:
+    """Start `count` servers of `config` at once (`replica_configs`); all or none."""
+    configs = replica_configs(config, count, devices)
     with ThreadPoolExecutor(count) as pool:
         futures = [pool.submit(launch, c) for c in configs]
     servers, errors = [], []
@@ -475,10 +492,12 @@ def open_replica_engine(
     dtype: str = "float32",
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    devices: Sequence[str] = (),
     probe_interval_s: float = 2.0,
 ) -> tuple[VLLMReplicaEngine, list[VLLMServer]]:
     """(engine, the servers launched for it): attach the servers at `urls` (a team on one base model),
-    or launch `replicas` servers per base, each with vLLM's tensor x pipeline parallelism."""
+    or launch `replicas` servers per base, each with vLLM's tensor x pipeline parallelism, replica i on
+    the GPUs `devices[i]` (CUDA_VISIBLE_DEVICES; empty: every replica sees what this process sees)."""
     if urls:
         if len(bases) != 1:
             raise ValueError(
@@ -501,7 +520,7 @@ def open_replica_engine(
                 extra_args=tuple(extra_args),
                 extra_env=dict(extra_env or {}),
             )
-            launched[name] = launch_replicas(config, replicas)
+            launched[name] = launch_replicas(config, replicas, devices)
     except BaseException:
         for servers in launched.values():
             for server in servers:

@@ -48,8 +48,14 @@ def test_tensor_and_pipeline_parallel_servers_run_one_worker_per_gpu(tmp_path: P
     assert ray[ray.index("--distributed-executor-backend") + 1] == "ray"
 
 
-def test_replicas_attach_one_base_only(tmp_path: Path) -> None:
-    from teamtr.serving.vllm_replicas import VLLMReplicaEngine, open_replica_engine
+def test_replica_devices_and_attaching_one_base_only(tmp_path: Path) -> None:
+    from teamtr.serving.vllm_replicas import VLLMReplicaEngine, open_replica_engine, replica_configs
+
+    config = VLLMServerConfig(model_dir="m", tensor_parallel_size=2, extra_env={"HF_HOME": "/h"})
+    envs = [c.extra_env for c in replica_configs(config, 2, ["0,1", "2,3"])]
+    assert envs == [{"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"}, {"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "2,3"}]
+    with pytest.raises(ValueError, match="2 replicas need 2 device sets"):
+        replica_configs(config, 2, ["0"])
 
     with pytest.raises(ValueError, match="one base model"):
         open_replica_engine({"base": "a", "other": "b"}, urls=["http://127.0.0.1:1"])

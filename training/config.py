@@ -99,6 +99,7 @@ class RolloutConfig(_Strict):
     vllm_replicas: int = Field(1, ge=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
     vllm_pipeline_parallel_size: int = Field(1, ge=1)
+    vllm_replica_devices: list[str] = Field(default_factory=list)  # CUDA_VISIBLE_DEVICES per replica
 
 
 class LossConfig(_Strict):

@@ -368,6 +368,7 @@ class RunDir:
                 urls=rollout.vllm_urls,
                 replicas=rollout.vllm_replicas,
                 parallel=(rollout.vllm_tensor_parallel_size, rollout.vllm_pipeline_parallel_size),
+                devices=rollout.vllm_replica_devices,
             )
         except (RolloutEngineError, VLLMServerError) as e:  # a bad URL, a server that would not start
             raise RunDirError(f"{self.path / CONFIG_FILE}: rollout.engine vllm: {e}") from None

@@ -141,6 +141,7 @@ def open_vllm_rollouts(
     urls: list[str] | tuple[str, ...] = (),
     replicas: int = 1,
     parallel: tuple[int, int] = (1, 1),
+    devices: list[str] | tuple[str, ...] = (),
 ) -> VLLMRollouts:
     """Attach to the server at `url` (a team on one base), or launch one server per base model with
     LoRA slots for `adapters` role adapters (+1 for the null adapter the base policy is served through),
@@ -163,6 +164,7 @@ def open_vllm_rollouts(
                 dtype=dtype,
                 extra_args=args,
                 extra_env=env,
+                devices=devices,
             )
         except ValueError as e:
             raise RolloutEngineError(str(e)) from None
