@@ -74,10 +74,23 @@ def served_run(model_dir: Path, run_dir: Path, weaken: float = 0.5) -> Path:
 CHARS_ENV = "TEAMTR_TEST_GOOD_CHARS"  # the characters a good final message starts with (same_start)
 
 
+EMPTY = "~"  # stands for an empty final message among the good characters
+
+
+def first_char(response: str) -> str:
+    return response[:1] or EMPTY
+
+
 def same_start(prompt: str, response: str) -> float:
     """Reward `module:function`: 1 when the final message starts with one of the characters the served
-    incumbent's greedy answers start with (the test writes them to $TEAMTR_TEST_GOOD_CHARS): the
-    incumbent scores high, a wrecked candidate (its outputs collapse elsewhere) low."""
+    incumbent's greedy answers start with (the test writes them to $TEAMTR_TEST_GOOD_CHARS; `~`: an
+    empty message, which the random model's greedy team mostly answers): the incumbent scores high, a
+    wrecked candidate (its outputs moved elsewhere) low."""
     import os
 
-    return float(bool(response) and response[0] in os.environ[CHARS_ENV])
+    return float(first_char(response) in os.environ[CHARS_ENV])
+
+
+def wrong_start(prompt: str, response: str) -> float:
+    """A mis-specified training reward (the opposite of same_start): what a corrupted update learns."""
+    return 1.0 - same_start(prompt, response)

@@ -4,8 +4,9 @@ and verifier feedback the whole time, the improve command as its own process.
 - the loop trains from the served versions, gates, canaries and promotes every role at once; killed with
   SIGKILL mid-canary and started again it continues and finishes; no request fails and no episode ever
   ran a mixed team; lineage and the promotion log say where the versions came from;
-- a bad candidate (learning rate x1000, trust region off) is refused by the gate; with the gate opened
-  wide it is rolled back by the canary; the incumbent serves throughout.
+- a bad candidate (learning rate x1000, trust region off) is refused by the gate; a corrupted one
+  (x100, trained on a mis-specified reward) let through a wide-open gate is rolled back by the canary,
+  which judges it by the client's feedback; the incumbent serves throughout.
 
 The team is a tiny random model (seconds per stage), whose reward TeamTR barely moves in a few updates:
 the first test opens the gate's and canary's margins so the promotion path runs to the end whatever the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from improve_fixtures import CHARS_ENV, ROLES, LowStart, same_start, served_run
+from improve_fixtures import CHARS_ENV, ROLES, LowStart, first_char, same_start, served_run
 from serving_fixtures import serve_in_background
 
 from teamtr.cli.server import ServeConfig
@@ -39,7 +40,8 @@ TRAIN = [t.prompt for t in FAMILY.generate(12, seed=11)]
 FAST = ["--stages", "2", "--set", "rollout.prompts_per_update=6", "--set", "rollout.group_size=4"]
 FAST += ["--set", "optim.epochs=2", "--set", "optim.lr=0.01", "--set", "trust_region.delta=0.5"]
 OPEN = ["--margin", "1", "--canary-margin", "1", "--kl-limit", "1e9"]
-BAD_LR = 10.0  # x1000 of the 0.01 above, with the trust region off
+BAD_LR = 10.0  # x1000 of the 0.01 above, with the trust region off: its weights overflow (NaN KL)
+WRONG_LR = 1.0  # x100: finite weights, still far off the incumbent
 
 
 class Traffic:
@@ -189,13 +191,11 @@ def test_improve_trains_gates_canaries_promotes_and_survives_a_kill(served):
     assert records[-1]["figures"]["mixed_episodes"] == 0 and records[-1]["figures"]["candidate_episodes"] >= 6
 
 
-def test_a_bad_candidate_is_refused_by_the_gate_or_rolled_back_by_the_canary(served, monkeypatch):
+def test_a_bad_candidate_is_refused_by_the_gate_or_rolled_back_by_the_canary(monkeypatch, served):
     run, server, traffic = served
     work = run / "improve"
     client = AdminClient(server.url, "adm")
-    good = "".join(
-        sorted({a[:1] for a in traffic.answers(TRAIN) if a})
-    )  # what the incumbent answers start with
+    good = "".join(sorted({first_char(a) for a in traffic.answers(TRAIN)}))  # how the incumbent answers
     monkeypatch.setenv(CHARS_ENV, good)  # the reward of the client, the improve process and the canary
     traffic.reward = same_start
     warm_up(traffic)
@@ -217,8 +217,19 @@ def test_a_bad_candidate_is_refused_by_the_gate_or_rolled_back_by_the_canary(ser
     assert any("trust region" in r or "margin" in r for r in gate["figures"]["reasons"])
     assert client.list_versions().current == {r: 1 for r in ROLES} and client.candidate() is None
 
-    # the same bad training with the gate opened wide: the canary catches it
-    opened = [*bad, "--kl-limit", "1e9", "--margin", "1", "--canary-episodes", "6", "--canary-margin", "0.05"]
+    # a corrupted update (x100 learning rate on a mis-specified training reward) let through a wide-open
+    # gate: the canary, judged by the client's own feedback, rolls it back
+    opened = [
+        *FAST,
+        "--reward",
+        "improve_fixtures:wrong_start",
+        "--canary-reward",
+        "feedback",
+        "--last",
+        "24",
+    ]
+    opened += ["--set", f"optim.lr={WRONG_LR}", "--set", "trust_region.enabled=false", "--kl-limit", "1e9"]
+    opened += ["--margin", "1", "--canary-episodes", "6", "--canary-margin", "0.05"]
     out = finish(improve(run, server.url, *opened))
     assert out.strip().endswith("rolled_back"), out[-3000:]
     traffic.stop.set()
