@@ -247,9 +247,9 @@ def trajectories_from_spans(
     spans: Iterable[StoredSpan], require_reward: bool = False, group_by_prompt: bool = False
 ) -> list[Trajectory]:
     """Every finished episode span with its turn spans, rewarded by the latest feedback of its
-    conversation (0.0 without feedback, or skipped when `require_reward`). The episode's task text is
-    `metadata["prompt"]`; `group_by_prompt` gives the episodes of one prompt one group id
-    (`prompt_group`) instead of the request's own."""
+    conversation (0.0 without feedback, or skipped when `require_reward`). `group_by_prompt` gives the
+    episodes of one prompt one group id (`prompt_group`) instead of the request's own, and the task text
+    as `metadata["prompt"]`."""
     episodes: list[StoredSpan] = []
     turns: dict[tuple[str, str], list[StoredSpan]] = defaultdict(list)
     rewards: dict[str, float] = {}
@@ -270,7 +270,8 @@ def trajectories_from_spans(
         children = sorted(turns[(ep.trace_id, ep.span_id)], key=lambda s: int(s.attributes[TURN_INDEX]))
         metadata = json.loads(a.get(METADATA, "{}"))
         prompt = a.get(TASK_TEXT, "")
-        metadata.setdefault("prompt", prompt)
+        if group_by_prompt:  # the group's prompt, beside its id
+            metadata.setdefault("prompt", prompt)
         out.append(
             Trajectory(
                 task_id=a[TASK_ID],
