@@ -138,6 +138,17 @@ def admin_router(
             raise APIError(409, str(e), code="no_candidate") from None
         return CandidateDecision(decision="abandoned", versions=versions, current=registry.current_versions())
 
+    @router.post("/admin/candidate/rollback", response_model=CandidateDecision)
+    async def rollback_promotion() -> CandidateDecision:
+        """The last promoted candidate team, undone for all its roles at once."""
+        try:
+            versions = await registry.rollback_promotion()
+        except AdapterError as e:
+            raise APIError(409, str(e), code="rollback_refused") from None
+        return CandidateDecision(
+            decision="rolled_back", versions=versions, current=registry.current_versions()
+        )
+
     @router.get("/admin/episodes", response_model=ServedEpisodesResponse)
     async def episodes(
         team: str | None = None, since_ns: int = 0, limit: int | None = None

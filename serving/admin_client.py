@@ -79,6 +79,10 @@ class AdminClient:
     def promote_candidate(self) -> CandidateDecision:
         return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/promote"))
 
+    def rollback_promotion(self) -> CandidateDecision:
+        """The last promoted candidate team goes back to the versions it replaced, all roles at once."""
+        return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/rollback"))
+
     def abandon_candidate(self) -> CandidateDecision:
         return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/abandon"))
 

@@ -350,7 +350,7 @@ class CanaryShareRequest(BaseModel):
 
 
 class CandidateDecision(BaseModel):
-    decision: Literal["promoted", "abandoned"]
+    decision: Literal["promoted", "abandoned", "rolled_back"]
     versions: dict[str, int]
     current: dict[str, int]
 

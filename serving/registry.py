@@ -221,6 +221,7 @@ class AdapterRegistry:
         self.refused: Counter[str] = Counter()
         self.rollbacks: Counter[str] = Counter()
         self.candidate: Candidate | None = None  # a staged candidate team (serving/canary.py)
+        self.promotions: list[dict[str, int]] = []  # candidate teams promoted, oldest first
 
     # --- reading -------------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -381,11 +382,39 @@ class AdapterRegistry:
             for adapter, version in candidate.versions.items():  # the switch: one event-loop step
                 self._slots[adapter].promoted.append(version)
             self.candidate = None
+            self.promotions.append(dict(candidate.versions))
             for adapter in candidate.versions:
                 self.swaps[adapter] += 1
             for v in previous:
                 await self._unload_if_idle(v)
             return dict(candidate.versions)
+
+    async def rollback_promotion(self) -> dict[str, int]:
+        """Undo the last candidate promotion for all its roles in one step: each goes back to the version
+        it had before (reloaded first where it was unloaded). Refused when a role moved on since."""
+        async with self._admin:
+            if not self.promotions:
+                raise AdapterError("no promoted candidate to roll back")
+            last = self.promotions[-1]
+            if self.candidate is not None:
+                raise AdapterError("a candidate is staged; promote or abandon it first")
+            moved = [a for a, v in last.items() if self._slots[a].current.version != v]
+            if moved:
+                raise AdapterError(f"adapters {moved} changed since the promotion; roll them back one by one")
+            previous = {a: self._slots[a].versions[self._slots[a].promoted[-2]] for a in last}
+            for v in previous.values():  # load everything first: the switch below must not await
+                if not v.live:
+                    await self.engine.load_adapter(v.engine_name, str(v.path), base=v.base)
+                    v.live = True
+            retired = [self._slots[a].current for a in last]
+            for adapter in last:  # the switch back: one event-loop step
+                self._slots[adapter].promoted.pop()
+            self.promotions.pop()
+            for adapter in last:
+                self.rollbacks[adapter] += 1
+            for v in retired:
+                await self._unload_if_idle(v)
+            return {a: v.version for a, v in previous.items()}
 
     async def abandon_candidate(self) -> dict[str, int]:
         """Drop the candidate: new episodes pin the incumbent only; its versions unload once the canary

@@ -73,6 +73,15 @@ async def test_canary_pins_whole_teams_and_promotes_atomically(tiny_model_dir, r
     with pytest.raises(AdapterError, match="no candidate"):
         await registry.promote_candidate()
 
+    # the promoted team rolled back for all its roles in one step (v1 reloaded: it had been unloaded)
+    async with registry.pin(list(ROLES)) as pins:
+        assert await registry.rollback_promotion() == {"adder2": 1, "adder3": 1}
+        assert {a: v for a, (_, v) in pins.items()} == {"adder1": 1, "adder2": 2, "adder3": 2}
+    assert registry.current_versions() == {r: 1 for r in ROLES}
+    assert set(engine.adapters()) == {"adder1@v1", "adder2@v1", "adder3@v1"}
+    with pytest.raises(AdapterError, match="no promoted candidate"):
+        await registry.rollback_promotion()
+
 
 def test_candidate_through_the_admin_api_and_cli(tiny_model_dir, tmp_path):
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
@@ -111,6 +120,8 @@ def test_candidate_through_the_admin_api_and_cli(tiny_model_dir, tmp_path):
 
         decision = client.promote_candidate()
         assert decision.current == {"adder1": 1, "adder2": 7, "adder3": 1}
+        assert client.rollback_promotion().current == {"adder1": 1, "adder2": 1, "adder3": 1}
+        assert client.list_versions().current["adder2"] == 1
         with pytest.raises(AdminRequestError) as e:
             client.abandon_candidate()
         assert e.value.status == 409
