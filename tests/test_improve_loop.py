@@ -148,6 +148,7 @@ def warm_up(traffic: Traffic) -> None:
     traffic.thread.start()
 
 
+@pytest.mark.slow
 def test_improve_trains_gates_canaries_promotes_and_survives_a_kill(served):
     run, server, traffic = served
     work = run / "improve"
@@ -191,6 +192,7 @@ def test_improve_trains_gates_canaries_promotes_and_survives_a_kill(served):
     assert records[-1]["figures"]["mixed_episodes"] == 0 and records[-1]["figures"]["candidate_episodes"] >= 6
 
 
+@pytest.mark.slow
 def test_a_bad_candidate_is_refused_by_the_gate_or_rolled_back_by_the_canary(monkeypatch, served):
     run, server, traffic = served
     work = run / "improve"

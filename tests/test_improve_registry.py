@@ -136,3 +136,50 @@ def test_candidate_through_the_admin_api_and_cli(tiny_model_dir, tmp_path):
     grouped = group_normalised_advantages(rewards, [t.group_id for t in trajectories])
     alone = group_normalised_advantages(rewards, [str(i) for i in range(3)])
     assert abs(grouped.values).sum() > 1.0 and abs(alone.values).sum() == 0.0
+
+
+def test_improve_abandon_drops_the_unfinished_attempts_candidate(tiny_model_dir, tmp_path):
+    """`teamtr improve --abandon` after a kill mid-canary: the attempt's candidate (known by its id) is
+    dropped, the incumbent serves, the promotion log says so; a second --abandon has nothing to do."""
+    from teamtr.serving.promotion_log import read_records
+    from teamtr.training.improve.loop import ImproveConfig, ImproveLoop
+
+    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    path = (
+        write_versions(tiny_model_dir, tmp_path / "cand", range(2, 3), roles=("adder2",))
+        / "adapters/adder2/v2"
+    )
+    config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})
+    with serve_in_background(config) as server:
+        client = AdminClient(server.url, "adm")
+        client.stage_candidate({"adder2": (path, 2)}, {"attempt_id": "a1"}, share=0.5)
+        work = tmp_path / "work"
+        loop = ImproveLoop(
+            ImproveConfig(
+                run_dir=str(run), work_dir=str(work), team="chain", url=server.url, admin_key="adm"
+            ),
+            say=lambda _: None,
+        )
+        window = {"episodes": 4, "since_ns": 0, "until_ns": 1}
+        loop.save(
+            {
+                "attempt": 1,
+                "id": "a1",
+                "phase": "canary",
+                "run_dir": "r",
+                "incumbent": {"adder2": [1, "p"]},
+                "window": window,
+                "candidate_versions": {"adder2": 2},
+            }
+        )
+        state = loop.run(abandon=True)
+        assert state["outcome"] == "abandoned" and state["phase"] == "done"
+        assert client.candidate() is None and client.list_versions().current["adder2"] == 1
+        (record,) = read_records(work / "promotions.jsonl")
+        assert (
+            record["event"] == "abandoned"
+            and record["phase"] == "canary"
+            and record["candidate"] == {"adder2": 2}
+        )
+        assert loop.run(abandon=True)["outcome"] == "abandoned"  # done already: nothing more happens
+        assert len(read_records(work / "promotions.jsonl")) == 1
