@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from teamtr.cli import eval as eval_cli
-from teamtr.cli import models, serve, swap, theory, train
+from teamtr.cli import improve, models, serve, swap, theory, train
 
 
 class OneLineErrors(TyperGroup):
@@ -57,7 +57,7 @@ def root(
     """Write a team of LLM role agents as a LangGraph graph, train it with TeamTR, serve it."""
 
 
-for part in (train.app, swap.app, eval_cli.app, serve.app):  # commands that join the root
+for part in (train.app, swap.app, eval_cli.app, serve.app, improve.app):  # commands that join the root
     app.registered_commands.extend(part.registered_commands)
     app.registered_groups.extend(part.registered_groups)
 app.add_typer(theory.app, name="theory")

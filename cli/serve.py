@@ -167,18 +167,33 @@ def adapters_list(url: str = _URL, admin_key: str = _KEY) -> None:
     """Every adapter version the server knows, which is live, and how many episodes use each."""
     with _admin_errors():
         listed = AdminClient(url, admin_key).list_versions()
-    table = Table("adapter", "version", "current", "loaded", "in flight", "path")
+    table = Table("adapter", "version", "current", "loaded", "in flight", "lineage", "path")
     for role, versions in listed.roles.items():
         for v in versions:
             table.add_row(
                 role,
                 str(v.version),
-                "*" if v.current else "",
+                "*" if v.current else ("candidate" if v.candidate else ""),
                 "yes" if v.live else "no",
                 str(v.in_flight),
+                lineage_text(v.lineage),
                 v.path,
             )
-    Console().print(table)
+    out = Console()
+    out.print(table)
+    c = listed.candidate
+    if c is not None:
+        versions = ", ".join(f"{a} v{c.incumbent[a]} -> v{v}" for a, v in sorted(c.versions.items()))
+        out.print(
+            f"candidate: {versions}; canary share {c.share:g} ({c.canary_episodes} of {c.episodes} episodes "
+            f"since set, {c.total_canary_episodes} in all); {lineage_text(c.lineage)}"
+        )
+
+
+def lineage_text(lineage: dict[str, Any]) -> str:
+    """Where a version came from (which improve run, data window, incumbent), as one short line."""
+    keys = ("run", "data_window", "incumbent")
+    return "; ".join(f"{k}={lineage[k]}" for k in keys if k in lineage)
 
 
 @traces_app.command("to-trajectories")
@@ -186,12 +201,15 @@ def traces_to_trajectories(
     db: Path = typer.Argument(..., help="the SQLite span store (traces.db)"),
     out: Path = typer.Option(..., "--out", help="JSONL of Trajectory records, as training reads them"),
     require_reward: bool = typer.Option(False, help="only episodes whose conversation got feedback"),
+    group_by_prompt: bool = typer.Option(
+        False, help="episodes of the same prompt share a group id (non-zero group-normalised advantages)"
+    ),
 ) -> None:
     """Stored spans + feedback rewards -> the Trajectory objects training consumes."""
     from teamtr.graphs.trajectory import save_jsonl
 
     if not db.is_file():
         raise typer.BadParameter(f"no span store at {db}")
-    trajectories = trajectories_from_store(db, require_reward=require_reward)
+    trajectories = trajectories_from_store(db, require_reward, group_by_prompt)
     save_jsonl(trajectories, out)
     console.print(f"{len(trajectories)} trajectories -> {out}")

@@ -319,7 +319,9 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
             otlp_endpoint=t.otlp_endpoint,
             capture_tokens=t.capture_tokens,
         )
-        tracer = TeamTracer(build_tracer_provider(tracing), capture_tokens=t.capture_tokens)
+        tracer = TeamTracer(
+            build_tracer_provider(tracing), capture_tokens=t.capture_tokens, store_path=tracing.sqlite_path
+        )
     settings = ServeSettings(
         api_keys=tuple(config.api_keys),
         admin_key=config.admin_key,

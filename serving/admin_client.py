@@ -10,7 +10,14 @@ from typing import Any
 
 import httpx
 
-from teamtr.serving.protocol import AdapterListResponse, AdapterVersionInfo
+from teamtr.serving.protocol import (
+    AdapterListResponse,
+    AdapterVersionInfo,
+    CandidateDecision,
+    CandidateInfo,
+    ServedEpisode,
+    ServedEpisodesResponse,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -46,6 +53,47 @@ class AdminClient:
 
     def list_versions(self) -> AdapterListResponse:
         return AdapterListResponse.model_validate(self._request("GET", "/admin/adapters"))
+
+    # ---- candidate team under canary (serving/canary.py) ----
+    def candidate(self) -> CandidateInfo | None:
+        data = self._request("GET", "/admin/candidate")
+        return CandidateInfo.model_validate(data) if data else None
+
+    def stage_candidate(
+        self,
+        versions: dict[str, tuple[str | Path, int | None]],
+        lineage: dict[str, Any] | None = None,
+        share: float = 0.0,
+    ) -> CandidateInfo:
+        """Validate and load a candidate version of each adapter (adapter -> (path, version)), none current."""
+        body = {
+            "versions": {a: {"path": str(p), "version": v} for a, (p, v) in versions.items()},
+            "lineage": lineage or {},
+            "share": share,
+        }
+        return CandidateInfo.model_validate(self._request("POST", "/admin/candidate", body))
+
+    def set_canary_share(self, share: float) -> CandidateInfo:
+        return CandidateInfo.model_validate(self._request("POST", "/admin/candidate/share", {"share": share}))
+
+    def promote_candidate(self) -> CandidateDecision:
+        return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/promote"))
+
+    def rollback_promotion(self) -> CandidateDecision:
+        """The last promoted candidate team goes back to the versions it replaced, all roles at once."""
+        return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/rollback"))
+
+    def abandon_candidate(self) -> CandidateDecision:
+        return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/abandon"))
+
+    def episodes(
+        self, team: str | None = None, since_ns: int = 0, limit: int | None = None
+    ) -> list[ServedEpisode]:
+        params = "&".join(
+            f"{k}={v}" for k, v in (("team", team), ("since_ns", since_ns), ("limit", limit)) if v is not None
+        )
+        data = self._request("GET", f"/admin/episodes?{params}")
+        return ServedEpisodesResponse.model_validate(data).episodes
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}

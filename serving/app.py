@@ -166,5 +166,5 @@ def create_app(
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
-    app.include_router(admin_router(registry, admin_key_check(settings)))
+    app.include_router(admin_router(registry, admin_key_check(settings), tracer))
     return app

@@ -246,7 +246,6 @@ class ChatCompletionChunk(BaseModel):
     teamtr_token: TokenPiece | None = None
 
 
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -307,11 +306,71 @@ class AdapterVersionInfo(BaseModel):
     live: bool
     in_flight: int
     current: bool
+    candidate: bool = False  # staged under canary, never current (serving/canary.py)
+    lineage: dict[str, Any] = Field(default_factory=dict)  # run, data window, incumbent it came from
+
+
+class CandidateInfo(BaseModel):
+    versions: dict[str, int]  # adapter -> candidate version
+    incumbent: dict[str, int]  # adapter -> the current version it would replace
+    lineage: dict[str, Any] = Field(default_factory=dict)
+    share: float  # of new episodes pinned to it
+    episodes: int  # drawn since the share was set
+    canary_episodes: int  # of them, on the candidate
+    total_canary_episodes: int
 
 
 class AdapterListResponse(BaseModel):
     roles: dict[str, list[AdapterVersionInfo]]
     current: dict[str, int]
+    candidate: CandidateInfo | None = None
+
+
+class CandidateVersion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, max_length=4096, description="peft adapter directory on the server")
+    version: int | None = Field(None, ge=0)
+
+
+class CandidateStageRequest(BaseModel):
+    """Stage a candidate team: a version of each adapter it changes, none of them current."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    versions: dict[str, CandidateVersion] = Field(min_length=1)
+    lineage: dict[str, Any] = Field(default_factory=dict)
+    share: float = Field(0.0, ge=0, le=1, description="share of new episodes it serves at once")
+
+
+class CanaryShareRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    share: float = Field(ge=0, le=1)
+
+
+class CandidateDecision(BaseModel):
+    decision: Literal["promoted", "abandoned", "rolled_back"]
+    versions: dict[str, int]
+    current: dict[str, int]
+
+
+class ServedEpisode(BaseModel):
+    """One served episode as its span store has it (serving/served_episodes.py)."""
+
+    completion_id: str
+    conversation_id: str
+    team: str
+    prompt: str
+    final_answer: str | None
+    adapter_versions: dict[str, int]  # role -> version it ran on
+    start_ns: int
+    end_ns: int
+    reward: float | None = None  # the conversation's latest feedback, if any
+
+
+class ServedEpisodesResponse(BaseModel):
+    episodes: list[ServedEpisode]
 
 
 class HealthResponse(BaseModel):

@@ -11,6 +11,14 @@ engine name, `<adapter>@v<version>`, so switching is one assignment and an episo
 `adder1@v4` keeps sampling from it while new episodes start on `adder1@v5`. A version that is neither
 current nor pinned by an in-flight episode is unloaded.
 
+A candidate team (serving/canary.py) is a set of versions staged beside the current ones, never current:
+`stage_candidate` validates and loads them, `set_canary_share` sends that share of new episodes to them
+(drawn once per episode, for every adapter it covers), `promote_candidate` makes all of them current in
+one assignment step, `abandon_candidate` drops them. Each version keeps its lineage (which run, data and
+incumbent it came from) for `teamtr adapters list`.
+
+Over ~400 lines because candidates share the slots, the admin lock and the pins of promoted versions.
+
 Validation before a version goes live (a refused version never replaces the serving one):
 - safetensors only: a directory holding pickle-based weights (.bin, .pt, .pth, .pkl, .ckpt) is refused;
 - adapter_config.json is a LoRA config whose rank, target modules and base model match the role's
@@ -28,11 +36,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from teamtr.graphs.engine import DEFAULT_BASE, Engine
+from teamtr.serving.canary import Candidate
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -170,6 +180,7 @@ class AdapterVersion:
     base: str
     live: bool = True  # loaded in the engine
     in_flight: int = 0  # episodes pinned to this version
+    lineage: dict[str, Any] = field(default_factory=dict)  # run, data window, incumbent it came from
 
     @property
     def engine_name(self) -> str:
@@ -209,6 +220,8 @@ class AdapterRegistry:
         self.swaps: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.rollbacks: Counter[str] = Counter()
+        self.candidate: Candidate | None = None  # a staged candidate team (serving/canary.py)
+        self.promotions: list[dict[str, int]] = []  # candidate teams promoted, oldest first
 
     # --- reading -------------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -223,6 +236,9 @@ class AdapterRegistry:
     def versions(self, adapter: str) -> list[AdapterVersion]:
         return [v for _, v in sorted(self._slot(adapter).versions.items())]
 
+    def is_candidate(self, adapter: str, version: int) -> bool:
+        return self.candidate is not None and self.candidate.versions.get(adapter) == version
+
     def in_flight(self) -> int:
         return sum(v.in_flight for s in self._slots.values() for v in s.versions.values())
 
@@ -234,33 +250,52 @@ class AdapterRegistry:
 
     # --- promotion -----------------------------------------------------------------------------
     async def push(
-        self, adapter: str, path: str | Path, version: int | None = None, base: str = DEFAULT_BASE
+        self,
+        adapter: str,
+        path: str | Path,
+        version: int | None = None,
+        base: str = DEFAULT_BASE,
+        lineage: dict[str, Any] | None = None,
     ) -> AdapterVersion:
         """Validate, load under `<adapter>@v<version>`, then switch new episodes to it."""
         try:
-            return await self._push(adapter, Path(path).resolve(), version, base)
+            return await self._push(adapter, Path(path).resolve(), version, base, lineage or {})
         except AdapterError:
             self.refused[adapter] += 1
             raise
 
-    async def _push(self, adapter: str, path: Path, version: int | None, base: str) -> AdapterVersion:
+    async def _load(
+        self, adapter: str, path: Path, version: int | None, base: str, lineage: dict[str, Any]
+    ) -> tuple[AdapterVersion, AdapterSignature]:
+        """Validate and load a version into the engine; it serves nothing yet."""
+        signature = await asyncio.to_thread(inspect_adapter, path)
+        slot = self._slots.get(adapter)
+        if slot is not None:
+            check_compatible(slot.signature, signature, str(path))
+            base = slot.current.base
+        version = self._choose_version(slot, path, version)
+        entry = AdapterVersion(adapter=adapter, version=version, path=path, base=base, lineage=lineage)
+        try:
+            await self.engine.load_adapter(entry.engine_name, str(path), base=base)
+        except Exception as e:  # the engine refused it: nothing changes
+            raise AdapterError(f"{path}: the engine could not load it ({type(e).__name__}: {e})") from e
+        return entry, signature
+
+    async def _push(
+        self, adapter: str, path: Path, version: int | None, base: str, lineage: dict[str, Any]
+    ) -> AdapterVersion:
         async with self._admin:
-            signature = await asyncio.to_thread(inspect_adapter, path)
+            if self.candidate is not None and adapter in self.candidate.versions:
+                raise AdapterError(
+                    f"adapter {adapter!r} has a candidate version under canary; promote or abandon it first"
+                )
+            entry, signature = await self._load(adapter, path, version, base, lineage)
             slot = self._slots.get(adapter)
-            if slot is not None:
-                check_compatible(slot.signature, signature, str(path))
-                base = slot.current.base
-            version = self._choose_version(slot, path, version)
-            entry = AdapterVersion(adapter=adapter, version=version, path=path, base=base)
-            try:
-                await self.engine.load_adapter(entry.engine_name, str(path), base=base)
-            except Exception as e:  # the engine refused it: nothing changes
-                raise AdapterError(f"{path}: the engine could not load it ({type(e).__name__}: {e})") from e
             if slot is None:
                 slot = self._slots[adapter] = _Slot(signature=signature)
             previous = slot.current if slot.promoted else None
-            slot.versions[version] = entry
-            slot.promoted.append(version)  # the switch: new episodes pin this version from now on
+            slot.versions[entry.version] = entry
+            slot.promoted.append(entry.version)  # the switch: new episodes pin this version from now on
             if previous is not None:
                 self.swaps[adapter] += 1
                 await self._unload_if_idle(previous)
@@ -278,6 +313,8 @@ class AdapterRegistry:
         """Retire the current version; the previously promoted one serves new episodes again."""
         async with self._admin:
             slot = self._slot(adapter)
+            if self.candidate is not None and adapter in self.candidate.versions:
+                raise AdapterError(f"adapter {adapter!r} has a candidate under canary; abandon it first")
             if len(slot.promoted) < 2:
                 raise AdapterError(f"adapter {adapter!r}: no previous version to roll back to")
             retired = slot.current
@@ -289,6 +326,119 @@ class AdapterRegistry:
             self.rollbacks[adapter] += 1
             await self._unload_if_idle(retired)
             return previous
+
+    # --- candidates and canary ------------------------------------------------------------------
+    async def stage_candidate(
+        self, versions: dict[str, tuple[str | Path, int | None]], lineage: dict[str, Any] | None = None
+    ) -> Candidate:
+        """Validate and load a candidate version of each adapter in `versions` (adapter -> (path,
+        version)); none becomes current and no episode pins them until `set_canary_share`. All or
+        nothing: one refused version unloads the others."""
+        async with self._admin:
+            if self.candidate is not None:
+                raise AdapterError("a candidate is staged already; promote or abandon it first")
+            if not versions:
+                raise AdapterError("a candidate needs at least one adapter version")
+            loaded: list[AdapterVersion] = []
+            try:
+                for adapter, (path, version) in sorted(versions.items()):
+                    slot = self._slot(adapter)
+                    entry, _ = await self._load(
+                        adapter, Path(path).resolve(), version, slot.current.base, dict(lineage or {})
+                    )
+                    entry.lineage["incumbent"] = slot.current.version
+                    slot.versions[entry.version] = entry
+                    loaded.append(entry)
+            except (AdapterError, UnknownAdapterError):
+                for entry in loaded:
+                    await self._drop(entry)
+                for adapter in versions:
+                    self.refused[adapter] += 1
+                raise
+            self.candidate = Candidate(
+                versions={v.adapter: v.version for v in loaded},
+                incumbent={v.adapter: self._slots[v.adapter].current.version for v in loaded},
+                lineage=dict(lineage or {}),
+            )
+            return self.candidate
+
+    def set_canary_share(self, share: float) -> Candidate:
+        """The share of new episodes that pin the candidate (each episode drawn once, for all its
+        adapters); 0 stops sending episodes to it."""
+        if self.candidate is None:
+            raise AdapterError("no candidate is staged")
+        try:
+            self.candidate.set_share(share)
+        except ValueError as e:
+            raise AdapterError(str(e)) from None
+        return self.candidate
+
+    async def promote_candidate(self) -> dict[str, int]:
+        """Make every candidate version current at once: the assignments run with no await between
+        them, so no episode pins the new version of one adapter with the old version of another."""
+        async with self._admin:
+            candidate = self._require_candidate()
+            previous = [self._slots[a].current for a in candidate.versions]
+            for adapter, version in candidate.versions.items():  # the switch: one event-loop step
+                self._slots[adapter].promoted.append(version)
+            self.candidate = None
+            self.promotions.append(dict(candidate.versions))
+            for adapter in candidate.versions:
+                self.swaps[adapter] += 1
+            for v in previous:
+                await self._unload_if_idle(v)
+            return dict(candidate.versions)
+
+    async def rollback_promotion(self) -> dict[str, int]:
+        """Undo the last candidate promotion for all its roles in one step: each goes back to the version
+        it had before (reloaded first where it was unloaded). Refused when a role moved on since."""
+        async with self._admin:
+            if not self.promotions:
+                raise AdapterError("no promoted candidate to roll back")
+            last = self.promotions[-1]
+            if self.candidate is not None:
+                raise AdapterError("a candidate is staged; promote or abandon it first")
+            moved = [a for a, v in last.items() if self._slots[a].current.version != v]
+            if moved:
+                raise AdapterError(f"adapters {moved} changed since the promotion; roll them back one by one")
+            previous = {a: self._slots[a].versions[self._slots[a].promoted[-2]] for a in last}
+            for v in previous.values():  # load everything first: the switch below must not await
+                if not v.live:
+                    await self.engine.load_adapter(v.engine_name, str(v.path), base=v.base)
+                    v.live = True
+            retired = [self._slots[a].current for a in last]
+            for adapter in last:  # the switch back: one event-loop step
+                self._slots[adapter].promoted.pop()
+            self.promotions.pop()
+            for adapter in last:
+                self.rollbacks[adapter] += 1
+            for v in retired:
+                await self._unload_if_idle(v)
+            return {a: v.version for a, v in previous.items()}
+
+    async def abandon_candidate(self) -> dict[str, int]:
+        """Drop the candidate: new episodes pin the incumbent only; its versions unload once the canary
+        episodes that pinned them end. Returns the versions dropped."""
+        async with self._admin:
+            candidate = self._require_candidate()
+            self.candidate = None
+            for adapter, version in candidate.versions.items():
+                entry = self._slots[adapter].versions[version]
+                self.rollbacks[adapter] += 1
+                await self._unload_if_idle(entry)
+            return dict(candidate.versions)
+
+    def _require_candidate(self) -> Candidate:
+        if self.candidate is None:
+            raise AdapterError("no candidate is staged")
+        return self.candidate
+
+    async def _drop(self, entry: AdapterVersion) -> None:
+        """Forget a version that never served (a refused candidate's other versions)."""
+        self._slots[entry.adapter].versions.pop(entry.version, None)
+        if entry.live:
+            entry.live = False
+            await self.engine.unload_adapter(entry.engine_name, base=entry.base)
 
     def _choose_version(self, slot: _Slot | None, path: Path, version: int | None) -> int:
         known = set(slot.versions) if slot else set()
@@ -304,7 +454,15 @@ class AdapterRegistry:
     async def pin(self, adapters: list[str] | None = None) -> AsyncIterator[Pins]:
         """The current version of each adapter, held until the episode ends."""
         names = self.adapters() if adapters is None else adapters
-        held = [self._slot(name).current for name in names]  # no await between reads: one snapshot
+        # no await between the draw and the reads: one snapshot, all-candidate or all-incumbent
+        canary = self.candidate is not None and any(n in self.candidate.versions for n in names)
+        if canary and self.candidate.draw():  # type: ignore[union-attr]
+            chosen = self.candidate.versions  # type: ignore[union-attr]
+            held = [
+                self._slots[n].versions[chosen[n]] if n in chosen else self._slot(n).current for n in names
+            ]
+        else:
+            held = [self._slot(name).current for name in names]
         for v in held:
             v.in_flight += 1
         try:
@@ -317,7 +475,8 @@ class AdapterRegistry:
 
     async def _unload_if_idle(self, v: AdapterVersion) -> None:
         slot = self._slots[v.adapter]
-        if v.live and v.in_flight == 0 and v.version != slot.current.version:
+        keep = v.version == slot.current.version or self.is_candidate(v.adapter, v.version)
+        if v.live and v.in_flight == 0 and not keep:
             v.live = False
             await self.engine.unload_adapter(v.engine_name, base=v.base)
 

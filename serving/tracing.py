@@ -13,6 +13,7 @@ Arize Phoenix server, whose UI then shows every agent turn.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -93,9 +94,12 @@ def build_tracer_provider(config: TracingConfig) -> TracerProvider:
 class TeamTracer:
     """Opens the request span, records turn spans under it, and feedback spans."""
 
-    def __init__(self, provider: TracerProvider, capture_tokens: bool = True) -> None:
+    def __init__(
+        self, provider: TracerProvider, capture_tokens: bool = True, store_path: str | Path | None = None
+    ) -> None:
         self.provider = provider
         self.capture_tokens = capture_tokens
+        self.store_path = store_path  # the SQLite span store, if any (GET /admin/episodes reads it)
         self._tracer = provider.get_tracer("teamtr.serving")
 
     @contextmanager
@@ -233,9 +237,19 @@ def _turn_from_span(span: StoredSpan) -> Turn:
     )
 
 
-def trajectories_from_spans(spans: Iterable[StoredSpan], require_reward: bool = False) -> list[Trajectory]:
+def prompt_group(prompt: str) -> str:
+    """The group id of every served episode of one prompt text (training's group-normalised advantages
+    compare episodes of the same prompt; a per-request id would put each episode alone in its group)."""
+    return "prompt-" + hashlib.sha256(prompt.encode()).hexdigest()[:16]
+
+
+def trajectories_from_spans(
+    spans: Iterable[StoredSpan], require_reward: bool = False, group_by_prompt: bool = False
+) -> list[Trajectory]:
     """Every finished episode span with its turn spans, rewarded by the latest feedback of its
-    conversation (0.0 without feedback, or skipped when `require_reward`)."""
+    conversation (0.0 without feedback, or skipped when `require_reward`). `group_by_prompt` gives the
+    episodes of one prompt one group id (`prompt_group`) instead of the request's own, and the task text
+    as `metadata["prompt"]`."""
     episodes: list[StoredSpan] = []
     turns: dict[tuple[str, str], list[StoredSpan]] = defaultdict(list)
     rewards: dict[str, float] = {}
@@ -255,12 +269,15 @@ def trajectories_from_spans(spans: Iterable[StoredSpan], require_reward: bool = 
             continue
         children = sorted(turns[(ep.trace_id, ep.span_id)], key=lambda s: int(s.attributes[TURN_INDEX]))
         metadata = json.loads(a.get(METADATA, "{}"))
+        prompt = a.get(TASK_TEXT, "")
+        if group_by_prompt:  # the group's prompt, beside its id
+            metadata.setdefault("prompt", prompt)
         out.append(
             Trajectory(
                 task_id=a[TASK_ID],
                 turns=[_turn_from_span(s) for s in children],
                 reward=rewards.get(conversation, 0.0),
-                group_id=a.get(GROUP_ID, ""),
+                group_id=prompt_group(prompt) if group_by_prompt else a.get(GROUP_ID, ""),
                 final_answer=a.get(FINAL_ANSWER),
                 metadata=metadata,
             )
@@ -268,5 +285,7 @@ def trajectories_from_spans(spans: Iterable[StoredSpan], require_reward: bool = 
     return out
 
 
-def trajectories_from_store(path: str | Path, require_reward: bool = False) -> list[Trajectory]:
-    return trajectories_from_spans(read_spans(path), require_reward=require_reward)
+def trajectories_from_store(
+    path: str | Path, require_reward: bool = False, group_by_prompt: bool = False
+) -> list[Trajectory]:
+    return trajectories_from_spans(read_spans(path), require_reward, group_by_prompt)

@@ -54,6 +54,14 @@ class ChainArithmetic:
         """
         return separator.join(map(str, [sum(operands[: step + 1]), *operands[step + 1 :]]))
 
+    def answer_for(self, prompt: str) -> int | None:
+        """The ground truth of a prompt seen without its instance (a served one): the sum of its operands,
+        or None when the text is not a chain task."""
+        parts = prompt.strip().split("+")
+        if len(parts) < 2 or not all(_INTEGER.fullmatch(p.strip()) for p in parts):
+            return None
+        return sum(int(p) for p in parts)
+
     def extract_answer(self, response: str) -> str | None:
         """The final message must be one integer: the fully reduced sum."""
         lines = response.strip().splitlines()

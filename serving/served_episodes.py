@@ -1,0 +1,69 @@
+"""Served episodes read back from the SQLite span store (serving/trace_store.py): what `teamtr improve`
+(training/improve/) takes as its task distribution and canary evidence, through `GET /admin/episodes`
+(serving/admin.py) or straight from a serve directory's traces.db.
+
+One record per finished episode span: team, prompt, final answer, the adapter version each role ran on
+(which tells a canary episode from an incumbent one) and the conversation's latest feedback reward.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from teamtr.serving.protocol import ServedEpisode
+from teamtr.serving.tracing import (
+    ADAPTER_VERSIONS,
+    AGENT_NAME,
+    CONVERSATION_ID,
+    FINAL_ANSWER,
+    OP_AGENT,
+    OP_FEEDBACK,
+    REWARD,
+    TASK_ID,
+    TASK_TEXT,
+)
+
+
+def served_episodes(
+    store: str | Path, *, team: str | None = None, since_ns: int = 0, limit: int | None = None
+) -> list[ServedEpisode]:
+    """Finished episodes that started at or after `since_ns`, oldest first (the newest `limit` of them)."""
+    if not Path(store).is_file():
+        return []
+    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT start_ns, end_ns, status, attributes FROM spans WHERE operation = ? AND start_ns >= ? "
+            "ORDER BY start_ns, span_id",
+            (OP_AGENT, since_ns),
+        ).fetchall()
+        rewards: dict[str, float] = {}
+        for (attributes,) in db.execute(
+            "SELECT attributes FROM spans WHERE operation = ? ORDER BY start_ns, span_id", (OP_FEEDBACK,)
+        ):
+            a = json.loads(attributes)
+            rewards[a[CONVERSATION_ID]] = float(a[REWARD])
+    finally:
+        db.close()
+    out = []
+    for start_ns, end_ns, status, attributes in rows:
+        a = json.loads(attributes)
+        if status == "ERROR" or TASK_ID not in a or (team is not None and a.get(AGENT_NAME) != team):
+            continue
+        conversation = a.get(CONVERSATION_ID, "")
+        out.append(
+            ServedEpisode(
+                completion_id=a[TASK_ID],
+                conversation_id=conversation,
+                team=a.get(AGENT_NAME, ""),
+                prompt=a.get(TASK_TEXT, ""),
+                final_answer=a.get(FINAL_ANSWER),
+                adapter_versions={k: int(v) for k, v in json.loads(a.get(ADAPTER_VERSIONS, "{}")).items()},
+                start_ns=int(start_ns),
+                end_ns=int(end_ns),
+                reward=rewards.get(conversation),
+            )
+        )
+    return out[-limit:] if limit else out

@@ -1,0 +1,174 @@
+"""The gate a candidate team passes before any live episode sees it.
+
+    accuracy   both teams answer the same held-out recent prompts as served (greedy, or sampled at the
+               served temperature with several episodes per prompt); the paired
+               bootstrap of the per-prompt difference (candidate - incumbent) puts its lower
+               `confidence` bound at or above -margin: not worse than the incumbent beyond the margin
+    KL         for every changed role, KL(incumbent || candidate) on the incumbent team's own samples at
+               the training temperature (k3 estimator, summed over a message, averaged over messages:
+               what the trust region bounds, training/losses.py) is within `kl_limit`
+    certificate  the improve run's stage certificates are logged with the decision
+
+Both teams run on one engine of their own, the incumbent's versions under `<adapter>~incumbent`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from teamtr.graphs.roles import Role
+from teamtr.graphs.task import TaskInstance
+from teamtr.graphs.trajectory import Trajectory
+from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.training.improve.data import ServedTasks
+from teamtr.training.run_dir import RunDir
+
+INCUMBENT_SUFFIX = "~incumbent"
+
+
+@dataclass
+class GateConfig:
+    margin: float = 0.05  # the candidate may be at most this much worse in mean reward ...
+    confidence: float = 0.9  # ... at this one-sided confidence (paired bootstrap)
+    bootstrap: int = 2000
+    kl_limit: float | None = None  # per role; None: the trainer's delta times its stages
+    kl_episodes: int = 2  # incumbent episodes per held-out prompt to measure the KL on
+    seed: int = 0
+    # how the team is served: greedy (0, the default of `teamtr serve`) or sampled at T, then with
+    # `episodes` per prompt whose mean reward is the prompt's figure
+    temperature: float = 0.0
+    episodes: int = 1
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    reasons: list[str]
+    incumbent_reward: float
+    candidate_reward: float
+    difference: float  # mean(candidate - incumbent)
+    lower_bound: float  # its bootstrap lower bound at the confidence
+    kl: dict[str, float]  # role -> measured KL(incumbent || candidate)
+    kl_limit: float
+    prompts: int
+    certificate: dict[str, Any] = field(default_factory=dict)
+
+    def figures(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def paired_bootstrap_lower_bound(
+    differences: list[float], confidence: float, samples: int, seed: int
+) -> tuple[float, float]:
+    """(mean difference, the lower `confidence` quantile of the mean over prompt resamples)."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size == 0:
+        raise ValueError("no held-out prompts to compare on")
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1)
+    return float(d.mean()), float(np.quantile(means, 1.0 - confidence))
+
+
+def _roles(roles: list[Role], suffix: str) -> list[Role]:
+    return [dataclasses.replace(r, adapter=f"{r.adapter}{suffix}") if r.adapter else r for r in roles]
+
+
+def gate_engine(
+    served: RunDir, incumbent: dict[str, tuple[int, str]], candidate: dict[str, Path], threads: int
+):
+    """An engine with the incumbent's versions under `<adapter>~incumbent` and the candidate's (its new
+    versions, the incumbent's elsewhere) under `<adapter>`."""
+    engine = EmbeddedEngine(served.base_paths(), lora=served.lora(), threads=threads)
+    for role in served.roles:
+        if role.adapter is None or role.adapter not in incumbent:
+            continue
+        inc_path = incumbent[role.adapter][1]
+        engine.load_adapter_sync(role.adapter + INCUMBENT_SUFFIX, inc_path, base=role.base_model)
+        engine.load_adapter_sync(role.adapter, candidate.get(role.adapter, inc_path), base=role.base_model)
+    return engine
+
+
+def _kl(engine: EmbeddedEngine, trajectories: list[Trajectory], role: Role, temperature: float) -> float:
+    """KL(incumbent || candidate) of one role: k3 summed over each message, averaged over messages."""
+    turns = [t for traj in trajectories for t in traj.turns_of(role.name) if t.completion_ids]
+    if not turns:
+        return 0.0
+    prompts, completions = [t.prompt_ids for t in turns], [t.completion_ids for t in turns]
+    with torch.no_grad():
+        inc = engine.token_logprobs(
+            prompts, completions, role.adapter + INCUMBENT_SUFFIX, role.base_model, temperature
+        )
+        cand = engine.token_logprobs(prompts, completions, role.adapter, role.base_model, temperature)
+    per_message = []
+    for a, b in zip(inc, cand, strict=True):
+        log_ratio = (b - a).double()  # log pi_cand / pi_inc on tokens sampled from pi_inc
+        per_message.append(float((log_ratio.exp() - 1 - log_ratio).sum()))
+    return float(np.mean(per_message))
+
+
+def run_gate(
+    served: RunDir,
+    incumbent: dict[str, tuple[int, str]],
+    candidate: dict[str, Path],
+    held_out: list[str],
+    task: ServedTasks,
+    cfg: GateConfig,
+    *,
+    temperature: float,
+    kl_limit: float,
+    threads: int = 1,
+    certificate: dict[str, Any] | None = None,
+) -> GateResult:
+    engine = gate_engine(served, incumbent, candidate, threads)
+    roles = served.roles
+    instances: list[TaskInstance] = [task.instance(p) for p in held_out]
+    t, k = cfg.temperature, cfg.episodes if cfg.temperature > 0 else 1
+    inc_team = served.team(_roles(roles, INCUMBENT_SUFFIX), engine, temperature=t, name="incumbent")
+    cand_team = served.team(roles, engine, temperature=t, name="candidate")
+    inc = inc_team.run(instances, group_size=k, verifier=task, seed=cfg.seed)
+    cand = cand_team.run(instances, group_size=k, verifier=task, seed=cfg.seed)
+    # per prompt: the mean over its k episodes (trajectories come back grouped by task, in task order)
+    per_prompt = [
+        np.mean([c.reward for c in cand[i * k : (i + 1) * k]])
+        - np.mean([x.reward for x in inc[i * k : (i + 1) * k]])
+        for i in range(len(instances))
+    ]
+    diff = [float(d) for d in per_prompt]
+    mean_diff, lower = paired_bootstrap_lower_bound(diff, cfg.confidence, cfg.bootstrap, cfg.seed)
+    sampled_team = served.team(_roles(roles, INCUMBENT_SUFFIX), engine, temperature=temperature, name="kl")
+    samples = sampled_team.run(instances, group_size=cfg.kl_episodes, seed=cfg.seed + 1)
+    kl = {
+        r.name: _kl(engine, samples, dataclasses.replace(r, adapter=r.adapter), temperature)
+        for r in roles
+        if r.adapter in candidate
+    }
+    reasons = []
+    if lower < -cfg.margin:
+        reasons.append(
+            f"held-out reward difference {mean_diff:+.3f}, lower {cfg.confidence:.0%} bound {lower:+.3f} "
+            f"is below -margin {-cfg.margin:+.3f}"
+        )
+    for role, value in kl.items():
+        if not np.isfinite(value) or value > kl_limit:
+            reasons.append(
+                f"role {role}: KL to the incumbent {value:.4g} is over its trust region {kl_limit:.4g}"
+            )
+    return GateResult(
+        passed=not reasons,
+        reasons=reasons
+        or ["not worse than the incumbent beyond the margin; every role within its trust region"],
+        incumbent_reward=float(np.mean([t.reward for t in inc])),
+        candidate_reward=float(np.mean([t.reward for t in cand])),
+        difference=mean_diff,
+        lower_bound=lower,
+        kl=kl,
+        kl_limit=kl_limit,
+        prompts=len(held_out),
+        certificate=certificate or {},
+    )
