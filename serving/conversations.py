@@ -3,7 +3,9 @@
 `/v1/feedback` needs to know a conversation (serving/service.py `feedback`), and a thread (a request
 naming a conversation id, docs/serving.md "Threads") continues from the conversation's stored messages;
 with a file (`conversations.db` under the serve directory, cli/server.py) both survive a restart.
-Without a path the table lives in memory, as a plain `create_app` server needs.
+Without a path the table lives in memory, as a plain `create_app` server needs. Writes are committed
+by a background thread, batched (serving/sqlite_writer.py): a request never waits for a commit, and a
+read first waits for the writes submitted before it.
 
 A file that is not a readable SQLite database is reported (`ConversationStoreError`, naming the file)
 and never written to: the server refuses to start rather than lose conversations.
@@ -16,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from teamtr.serving.sqlite_writer import BackgroundWriter
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -63,6 +67,9 @@ class Conversations:
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
             self._db.close()
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None
+        if self.path is not None:
+            self._db.execute("PRAGMA journal_mode=WAL")  # commits append to the log: no rewrite, fewer fsyncs
+        self._writer = BackgroundWriter(self._db, self._lock, name="conversations-writer")
 
     @staticmethod
     def _check_readable(path: Path) -> None:
@@ -85,27 +92,35 @@ class Conversations:
             )
 
     def add_episode(self, conversation_id: str, team: str = "") -> None:
-        with self._lock, self._db:
-            self._db.execute(
+        updated = time.time()
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT INTO conversations VALUES (?, ?, 1, ?) ON CONFLICT(id) DO UPDATE SET "
                 "episodes = episodes + 1, updated = excluded.updated",
-                (conversation_id, team, time.time()),
+                (conversation_id, team, updated),
             )
             self._evict()
 
+        self._writer.submit(write)
+
     def append(self, conversation_id: str, messages: list[StoredMessage]) -> None:
         """Add messages to the end of the conversation's thread."""
-        with self._lock, self._db:
-            (start,) = self._db.execute(
+
+        def write(db: sqlite3.Connection) -> None:
+            (start,) = db.execute(
                 "SELECT count(*) FROM messages WHERE conversation_id = ?", (conversation_id,)
             ).fetchone()
-            self._db.executemany(
+            db.executemany(
                 "INSERT INTO messages VALUES (?, ?, ?, ?, ?)",
                 [(conversation_id, start + i, m.role, m.name, m.content) for i, m in enumerate(messages)],
             )
 
+        self._writer.submit(write)
+
     def history(self, conversation_id: str) -> list[StoredMessage]:
         """The thread's messages so far, oldest first (empty for an unknown id)."""
+        self._writer.settle()
         with self._lock:
             rows = self._db.execute(
                 "SELECT role, content, name FROM messages WHERE conversation_id = ? ORDER BY seq",
@@ -127,11 +142,13 @@ class Conversations:
         self._db.executemany("DELETE FROM messages WHERE conversation_id = ?", [(i,) for i in old])
 
     def __contains__(self, conversation_id: object) -> bool:
+        self._writer.settle()
         with self._lock:
             row = self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return row is not None
 
     def episodes(self, conversation_id: str) -> int:
+        self._writer.settle()
         with self._lock:
             row = self._db.execute(
                 "SELECT episodes FROM conversations WHERE id = ?", (conversation_id,)
@@ -141,5 +158,6 @@ class Conversations:
         return int(row[0])
 
     def close(self) -> None:
+        self._writer.close()  # what is queued is committed first
         with self._lock:
             self._db.close()
