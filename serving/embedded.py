@@ -287,8 +287,9 @@ class EmbeddedEngine:
             async with cond:  # adapters change only between steps (serving/embedded.py _change_adapter)
                 self._drop_cancelled(pending)
                 group = self._admissible(base, running)
-                if not group and not running:  # only calls for an adapter being changed: wait for it
-                    await cond.wait()
+                if not group and not running:
+                    if pending:  # only calls for an adapter being changed: wait until it is
+                        await cond.wait()
                     continue
                 if group:
                     self.decode_batches += 1
