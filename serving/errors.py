@@ -118,6 +118,19 @@ async def _engine_error(request: Request, e: VLLMRequestError) -> JSONResponse:
     return await _crash(request, e)
 
 
+async def _group(request: Request, e: ExceptionGroup) -> JSONResponse:
+    """A request's episodes run in a TaskGroup (serving/service.py): answer its first error as if it had
+    been raised alone."""
+    first: BaseException = e
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    if isinstance(first, APIError):
+        return await _api_error(request, first)
+    if isinstance(first, VLLMRequestError):
+        return await _engine_error(request, first)
+    return await _crash(request, first if isinstance(first, Exception) else e)
+
+
 async def _crash(_: Request, e: Exception) -> JSONResponse:
     return error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
@@ -127,4 +140,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
     app.add_exception_handler(VLLMRequestError, _engine_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ExceptionGroup, _group)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _crash)
