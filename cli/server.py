@@ -93,6 +93,13 @@ class ServeConfig(BaseModel):
     teams: dict[str, ServedTeamConfig]
     engine: Literal["embedded", "vllm"] = "embedded"
     vllm_url: str | None = None  # attach to this vLLM server instead of launching one
+    # several vLLM servers behind the team (serving/vllm_replicas.py, docs/scale.md): attach these (one
+    # base model), or launch `vllm_replicas` per base, each over tensor x pipeline parallel GPUs
+    vllm_urls: list[str] = Field(default_factory=list)
+    vllm_replicas: int = Field(1, ge=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_pipeline_parallel_size: int = Field(1, ge=1)
+    vllm_replica_devices: list[str] = Field(default_factory=list)  # CUDA_VISIBLE_DEVICES per replica
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_keys: list[str] = Field(default_factory=list)
@@ -223,7 +230,7 @@ class Server:
         for server in self.vllm_servers:
             server.stop()
         if self.conversations is not None:
-            self.conversations.close()
+            await self.conversations.aclose()
 
 
 def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> tuple[Any, list[Any]]:
@@ -240,6 +247,20 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
     from teamtr.serving.vllm_engine import VLLMEngine
     from teamtr.serving.vllm_server import attach_vllm_server, start_vllm_server
 
+    if config.vllm_urls or config.vllm_replicas * config.vllm_tensor_parallel_size > 1 or (
+        config.vllm_pipeline_parallel_size > 1
+    ):
+        from teamtr.serving.vllm_replicas import open_replica_engine
+
+        return open_replica_engine(
+            bases,
+            urls=config.vllm_urls,
+            replicas=config.vllm_replicas,
+            tensor_parallel_size=config.vllm_tensor_parallel_size,
+            pipeline_parallel_size=config.vllm_pipeline_parallel_size,
+            devices=config.vllm_replica_devices,
+            max_lora_rank=max_lora_rank,
+        )
     if config.vllm_url:
         if config.bases:
             raise ValueError("--vllm-url attaches one server for one base model; this team has several")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +36,31 @@ def train(
     config: Path = typer.Argument(..., help="YAML config (see examples/)"),
     run_dir: str | None = typer.Option(None, help="override run_dir"),
     set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set optim.lr=1e-3"),
+    nproc: int = typer.Option(1, min=1, help="data-parallel ranks on this machine (runs torchrun)"),
 ) -> None:
-    """Fine-tune every role of a team with TeamTR (or a baseline schedule); resumes an interrupted run."""
+    """Fine-tune every role of a team with TeamTR (or a baseline schedule); resumes an interrupted run.
+    Under torchrun (or with --nproc K) each update is split over the ranks (docs/scale.md)."""
     from teamtr.training.trainer import Trainer
 
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:  # start K ranks of this same command
+        args = [str(config), *(["--run-dir", run_dir] if run_dir else []), *(a for p in set_ for a in ("--set", p))]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        raise typer.Exit(subprocess.call([*command, "-m", "teamtr.cli", "train", *args]))
     overrides = _overrides(set_)
     if run_dir:
         overrides["run_dir"] = run_dir
     cfg = read_config(config, overrides)  # one line of error naming the file and field if it is bad
+    if os.environ.get("RANK", "0") != "0":  # another rank: no progress bars, no summary
+        trainer = Trainer(cfg)
+        trainer.train()
+        if trainer.dp is not None:
+            trainer.dp.close()
+        return
     with progress_bars() as progress:
-        summary = Trainer(cfg, RichCallbacks(progress, roles_per_stage=0)).train()
+        trainer = Trainer(cfg, RichCallbacks(progress, roles_per_stage=0))
+        summary = trainer.train()
+    if trainer.dp is not None:
+        trainer.dp.close()
     console.print_json(json.dumps(summary))
     console.print(f"run directory: {cfg.run_dir} (metrics.jsonl, tensorboard/, adapters/<adapter>/v<N>/)")
 

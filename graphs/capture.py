@@ -21,6 +21,16 @@ the k-th call), so graph code passes neither.
 The reward comes from a user function `reward(task, final_state) -> float` or a TaskFamily verifier on
 the final answer (`read_output(final_state)`: by default the last AI message of LangGraph's
 `MessagesState` convention, `{"messages": [...]}`).
+
+Threads: with a LangGraph `checkpointer` and a `thread_id` in the config's `configurable`, the graph runs
+on the thread's persisted state (serving/conversations.py holds the served threads): the first episode
+of a thread starts from `make_input(task)`, a later one from `continue_input(task)` (default: the same),
+which LangGraph applies to the stored state through the graph's reducers (a `MessagesState` appends the
+new messages). Either way the trajectory holds only this episode's calls, and the checkpoint is written
+once, when the episode ends (durability "exit").
+
+Over ~400 lines because the capture callback, the input/output conventions, `run_episode` and the
+runners over it (`EpisodeRunner`, `GraphTeam`) are the one path every episode takes.
 """
 
 from __future__ import annotations
@@ -269,6 +279,8 @@ async def run_episode(
     read_output: Callable[[Any], str | None] = last_ai_text,
     recursion_limit: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    checkpointer: Any | None = None,
+    continue_input: Callable[[TaskInstance], Any] | None = None,
 ) -> Trajectory:
     """One invocation of `graph` (anything with LangGraph's `ainvoke`) -> one `Trajectory`.
 
@@ -276,6 +288,8 @@ async def run_episode(
         `configurable["adapter_pins"]`. `seed` and the pins are also put in `configurable` for nodes
         that want them.
     metadata: the trajectory's metadata (default `{"graph": name, "seed": seed}`).
+    checkpointer: a LangGraph checkpoint saver: the episode continues the thread the config's
+        `configurable["thread_id"]` names (see the module docstring); None: a fresh state, as always.
     """
     instance = task if isinstance(task, TaskInstance) else TaskInstance(id="adhoc", prompt=task, answer=None)
     cfg = dict(config or {})
@@ -284,10 +298,19 @@ async def run_episode(
     cfg["configurable"] = {**configurable, "seed": seed, "adapter_pins": pins}
     if recursion_limit is not None:
         cfg.setdefault("recursion_limit", recursion_limit)
+    options: dict[str, Any] = {}
+    start = make_input
+    if checkpointer is not None:
+        if not configurable.get("thread_id"):
+            raise ValueError(f"graph {name!r}: a checkpointer needs config['configurable']['thread_id']")
+        graph = graph.copy({"checkpointer": checkpointer})
+        if (await graph.aget_state(cfg)).values:  # the thread has a state: this episode continues it
+            start = continue_input or make_input
+        options["durability"] = "exit"
     capture = EpisodeCapture(seed=seed, adapter_pins=pins)
     token = active_episode.set(capture)
     try:
-        state = await graph.ainvoke(make_input(instance), config=_with_capture(cfg, capture))
+        state = await graph.ainvoke(start(instance), config=_with_capture(cfg, capture), **options)
     except GraphRecursionError as e:
         limit = cfg.get("recursion_limit", "LangGraph's default")
         raise EpisodeLimitError(
@@ -388,6 +411,7 @@ class GraphTeam(EpisodeRunner):
         adapter_pins: Mapping[str, tuple[str, int]] | None = None,
         group_id: str = "",
         config: Mapping[str, Any] | None = None,
+        checkpointer: Any | None = None,
     ) -> Trajectory:
         return await run_episode(
             self.graph,
@@ -402,5 +426,6 @@ class GraphTeam(EpisodeRunner):
             make_input=self.make_input,
             read_output=self.read_output,
             recursion_limit=self.recursion_limit,
+            checkpointer=checkpointer,
         )
 

@@ -32,16 +32,20 @@ class Role:
             raise ValueError(f"role name {self.name!r}: use letters, digits, '-' and '_'")
 
 
-def role_messages(role: Role, task: str, transcript: list[tuple[str, str]]) -> list[BaseMessage]:
+def role_messages(role: Role, task: str, transcript: list[tuple[str | None, str]]) -> list[BaseMessage]:
     """The context role `role` acts on: its system prompt, the task, then every message so far.
 
     All roles share one transcript, seen from the acting role's side: its own earlier messages are
     assistant turns (what it said), every other role's message is a user turn carrying the author's
     `name` (what it was told, and by whom). Where a chat template drops `name`, graphs/chat_format.py
-    writes the author into the text instead, so authorship survives any template.
+    writes the author into the text instead, so authorship survives any template. An entry without an
+    author (None) is the user's own message in a thread (graphs/team.py): a plain user turn, like the task.
     """
     messages: list[BaseMessage] = [SystemMessage(role.system_prompt), HumanMessage(task)]
     for author, text in transcript:
+        if author is None:
+            messages.append(HumanMessage(text))
+            continue
         own = author == role.name
         messages.append(AIMessage(text, name=author) if own else HumanMessage(text, name=author))
     return messages

@@ -14,6 +14,12 @@ seeds each call.
 
 `arun_from` restarts an episode from a kept prefix of its turns (the transcript they wrote is the
 graph's initial state, the router continues from there): suffix resampling (training/stage.py).
+
+In a thread (`arun(..., checkpointer=...)` with a `thread_id`, graphs/capture.py) the state persists
+across episodes: the first episode's task stays the task, each later request's text enters the
+transcript as a user message (rendered as a plain user turn, graphs/roles.py `role_messages`), and the
+roles see the whole conversation. `turns` counts the turns of the current episode, so the router and
+the max-turn guard start again with every request.
 """
 
 from __future__ import annotations
@@ -44,8 +50,10 @@ class TeamState(TypedDict):
     """The shared context: the task and every message so far (graphs/capture.py records the turns)."""
 
     task: str
-    transcript: Annotated[list[dict[str, Any]], operator.add]  # {"role", "text"}
+    # {"role", "text"}; a user's message in a thread also has "user": True
+    transcript: Annotated[list[dict[str, Any]], operator.add]
     final: str | None
+    turns: int  # the turns of this episode (a thread's transcript holds earlier episodes too)
 
 
 Router = Callable[[TeamState], str]  # returns the next role's name, or END
@@ -61,8 +69,13 @@ class RoundRobin:
         self.order: list[str] = []
 
     def __call__(self, state: TeamState) -> str:
-        k = len(state["transcript"])
+        k = episode_turns(state)
         return self.order[k % len(self.order)] if k < self.rounds * len(self.order) else END
+
+
+def episode_turns(state: TeamState) -> int:
+    """Turns taken in this episode (a state from before `turns` existed: the whole transcript)."""
+    return state.get("turns", len(state["transcript"]))
 
 
 class TeamError(ValueError):
@@ -159,7 +172,7 @@ class Team(EpisodeRunner):
     # ---- the graph ----------------------------------------------------------------------------------
 
     def _route(self, state: TeamState) -> str:
-        if state.get("final") is not None or len(state["transcript"]) >= self.max_turns:
+        if state.get("final") is not None or episode_turns(state) >= self.max_turns:
             return END
         nxt = self.router(state)
         if nxt != END and nxt not in self.models:
@@ -170,13 +183,12 @@ class Team(EpisodeRunner):
         model = self.role_models.model(role.name)  # capture records the turn; pins and seeds come from it
 
         async def act(state: TeamState) -> dict:
-            messages = role_messages(
-                role, state["task"], [(e["role"], e["text"]) for e in state["transcript"]]
-            )
-            reply = await model.ainvoke(messages)
+            transcript = [(None if e.get("user") else e["role"], e["text"]) for e in state["transcript"]]
+            reply = await model.ainvoke(role_messages(role, state["task"], transcript))
             text = reply.text if isinstance(reply.text, str) else str(reply.content)
             final = text if self.is_final is not None and self.is_final(text) else None
-            return {"transcript": [{"role": role.name, "text": text}], "final": final}
+            turn = {"role": role.name, "text": text}
+            return {"transcript": [turn], "final": final, "turns": episode_turns(state) + 1}
 
         return act
 
@@ -201,11 +213,14 @@ class Team(EpisodeRunner):
         adapter_pins: dict[str, tuple[str, int]] | None = None,
         group_id: str = "",
         config: dict[str, Any] | None = None,
+        checkpointer: Any | None = None,
     ) -> Trajectory:
-        """One episode. `verifier` (a TaskFamily) scores the final answer into the reward."""
+        """One episode. `verifier` (a TaskFamily) scores the final answer into the reward. With a
+        `checkpointer` (and a `thread_id` in the config) the episode continues that thread."""
         return await self._episode(
             task, _team_input, {"team": self.name, "seed": seed}, verifier=verifier, seed=seed,
-            adapter_pins=adapter_pins, group_id=group_id, config=config,
+            adapter_pins=adapter_pins, group_id=group_id, config=config, checkpointer=checkpointer,
+            continue_input=_thread_input,
         )  # fmt: skip
 
     async def _episode(
@@ -248,7 +263,7 @@ class Team(EpisodeRunner):
         transcript = [{"role": t.role, "text": self._message_text(t)} for t in prefix]
 
         def start(instance: TaskInstance) -> TeamState:
-            return {"task": instance.prompt, "transcript": transcript, "final": None}
+            return {"task": instance.prompt, "transcript": transcript, "final": None, "turns": len(prefix)}
 
         metadata = {"team": self.name, "seed": seed, "prefix_turns": len(prefix)}
         suffix = await self._episode(
@@ -264,7 +279,13 @@ class Team(EpisodeRunner):
 
 
 def _team_input(task: TaskInstance) -> TeamState:
-    return {"task": task.prompt, "transcript": [], "final": None}
+    return {"task": task.prompt, "transcript": [], "final": None, "turns": 0}
+
+
+def _thread_input(task: TaskInstance) -> dict[str, Any]:
+    """A later request of a thread: its text joins the stored transcript as the user's message; the
+    thread's first task stays the task."""
+    return {"transcript": [{"role": "user", "text": task.prompt, "user": True}], "final": None, "turns": 0}
 
 
 def _team_output(state: TeamState) -> str | None:

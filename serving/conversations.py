@@ -1,23 +1,36 @@
-"""The conversation table: conversation id -> its team, episode count and messages, in SQLite.
+"""Conversations and their threads: a LangGraph checkpointer holds each thread's graph state; a table
+holds each conversation's team, episode count and what its client has seen, in one SQLite file.
 
-`/v1/feedback` needs to know a conversation (serving/service.py `feedback`), and a thread (a request
-naming a conversation id, docs/serving.md "Threads") continues from the conversation's stored messages;
-with a file (`conversations.db` under the serve directory, cli/server.py) both survive a restart.
-Without a path the table lives in memory, as a plain `create_app` server needs. Writes are committed
-by a background thread, batched (serving/sqlite_writer.py): a request never waits for a commit, and a
-read first waits for the writes submitted before it.
+A conversation id is the LangGraph `thread_id` of the served graph: an episode of a thread runs on the
+state the thread's last episode left (graphs/capture.py `run_episode`, docs/serving.md "Threads"), so the
+team sees the real conversation. The state is the only copy of the messages: the `conversations` table
+keeps, besides the team and episode count `/v1/feedback` needs (serving/service.py `feedback`), only a
+digest of each chat message the client has sent or received, so a client that resends the whole
+conversation is recognised and its old messages are not added twice.
 
-A file that is not a readable SQLite database is reported (`ConversationStoreError`, naming the file)
-and never written to: the server refuses to start rather than lose conversations.
+With a file (`conversations.db` under the serve directory, cli/server.py) the checkpoints
+(`AsyncSqliteSaver`, langgraph-checkpoint-sqlite) and the table share it, and both survive a restart;
+without one both live in memory (`InMemorySaver`), as a plain `create_app` server needs. A file that is
+not a readable SQLite database is reported (`ConversationStoreError`, naming the file) and never written
+to: the server refuses to start rather than lose conversations. The seen-message digests are committed
+by a background thread, batched (serving/sqlite_writer.py): a request does not wait for that commit, and
+a read first waits for the writes submitted before it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
 
 from teamtr.serving.sqlite_writer import BackgroundWriter
 
@@ -29,12 +42,10 @@ CREATE TABLE IF NOT EXISTS conversations (
     updated REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (updated);
-CREATE TABLE IF NOT EXISTS messages (
+CREATE TABLE IF NOT EXISTS seen_messages (
     conversation_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    role TEXT NOT NULL,
-    name TEXT,
-    content TEXT NOT NULL,
+    digest TEXT NOT NULL,
     PRIMARY KEY (conversation_id, seq)
 );
 """
@@ -44,15 +55,18 @@ class ConversationStoreError(RuntimeError):
     """The conversation store's file cannot be read; it is left exactly as it was."""
 
 
-@dataclass(frozen=True)
-class StoredMessage:
-    role: str  # user | assistant | system | ... (the chat API's roles)
-    content: str
-    name: str | None = None
+def message_digest(role: str, name: str | None, content: str) -> str:
+    """A chat message's fingerprint: the same message resent gives the same digest."""
+    return hashlib.blake2b(repr((role, name, content)).encode(), digest_size=16).hexdigest()
+
+
+def thread_config(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
 
 class Conversations:
-    """Conversation id -> episodes and messages, for the most recent `capacity` ids (oldest dropped)."""
+    """Conversation id -> thread state, episodes and seen messages, for the most recent `capacity` ids
+    (the oldest dropped, their checkpoints with them)."""
 
     def __init__(self, capacity: int, path: str | Path | None = None) -> None:
         self.capacity = capacity
@@ -67,9 +81,9 @@ class Conversations:
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
             self._db.close()
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None
-        if self.path is not None:
-            self._db.execute("PRAGMA journal_mode=WAL")  # commits append to the log: no rewrite, fewer fsyncs
         self._writer = BackgroundWriter(self._db, self._lock, name="conversations-writer")
+        self._saver: BaseCheckpointSaver | None = None
+        self._threads: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @staticmethod
     def _check_readable(path: Path) -> None:
@@ -91,47 +105,95 @@ class Conversations:
                 "start with no stored conversations"
             )
 
-    def add_episode(self, conversation_id: str, team: str = "") -> None:
-        updated = time.time()
+    # ---- thread state (the LangGraph checkpointer) ---------------------------------------------------
 
-        def write(db: sqlite3.Connection) -> None:
-            db.execute(
+    async def saver(self) -> BaseCheckpointSaver:
+        """The checkpointer of every thread, opened on first use (aiosqlite binds to the running loop)."""
+        if self._saver is None:
+            if self.path is None:
+                self._saver = InMemorySaver()
+            else:
+                import aiosqlite
+                from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+                saver = AsyncSqliteSaver(await aiosqlite.connect(str(self.path)))
+                await saver.setup()
+                if self._saver is None:  # another request opened it meanwhile: keep that one
+                    self._saver = saver
+                else:
+                    await saver.conn.close()
+        return self._saver
+
+    async def fork(self, thread_id: str) -> BaseCheckpointSaver:
+        """An in-memory copy of the thread's latest state: an episode that sees the conversation without
+        adding to it (a request's choices after the first)."""
+        copy = InMemorySaver()
+        found = await (await self.saver()).aget_tuple(thread_config(thread_id))
+        if found is not None:
+            checkpoint = found.checkpoint
+            await copy.aput(
+                thread_config(thread_id), checkpoint, found.metadata, checkpoint["channel_versions"]
+            )
+        return copy
+
+    def thread_lock(self, thread_id: str) -> asyncio.Lock:
+        """Held while an episode runs on the thread: requests on one thread take turns."""
+        lock = self._threads.get(thread_id)
+        if lock is None:
+            lock = self._threads[thread_id] = asyncio.Lock()
+        return lock
+
+    async def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Drop evicted conversations' thread state."""
+        if conversation_ids:
+            saver = await self.saver()
+            for conversation_id in conversation_ids:
+                await saver.adelete_thread(conversation_id)
+
+    # ---- the table ------------------------------------------------------------------------------------
+
+    def add_episode(self, conversation_id: str, team: str = "") -> list[str]:
+        """Count an episode of the conversation; returns the ids evicted to stay within `capacity`
+        (their thread state is for `forget`)."""
+        with self._lock, self._db:
+            self._db.execute(
                 "INSERT INTO conversations VALUES (?, ?, 1, ?) ON CONFLICT(id) DO UPDATE SET "
                 "episodes = episodes + 1, updated = excluded.updated",
-                (conversation_id, team, updated),
+                (conversation_id, team, time.time()),
             )
-            self._evict()
+            return self._evict()
 
-        self._writer.submit(write)
-
-    def append(self, conversation_id: str, messages: list[StoredMessage]) -> None:
-        """Add messages to the end of the conversation's thread."""
+    def add_seen(self, conversation_id: str, digests: Sequence[str]) -> None:
+        """Record messages the client has now seen in the conversation (its own and the answer); committed
+        in the background (a conversation evicted meanwhile gets none)."""
+        digests = list(digests)
 
         def write(db: sqlite3.Connection) -> None:
+            if db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
+                return
             (start,) = db.execute(
-                "SELECT count(*) FROM messages WHERE conversation_id = ?", (conversation_id,)
+                "SELECT count(*) FROM seen_messages WHERE conversation_id = ?", (conversation_id,)
             ).fetchone()
             db.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?, ?, ?)",
-                [(conversation_id, start + i, m.role, m.name, m.content) for i, m in enumerate(messages)],
+                "INSERT INTO seen_messages VALUES (?, ?, ?)",
+                [(conversation_id, start + i, d) for i, d in enumerate(digests)],
             )
 
         self._writer.submit(write)
 
-    def history(self, conversation_id: str) -> list[StoredMessage]:
-        """The thread's messages so far, oldest first (empty for an unknown id)."""
+    def seen(self, conversation_id: str) -> list[str]:
+        """The digests of the conversation's messages so far, oldest first (empty for an unknown id)."""
         self._writer.settle()
         with self._lock:
             rows = self._db.execute(
-                "SELECT role, content, name FROM messages WHERE conversation_id = ? ORDER BY seq",
-                (conversation_id,),
+                "SELECT digest FROM seen_messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,)
             ).fetchall()
-        return [StoredMessage(role, content, name) for role, content, name in rows]
+        return [d for (d,) in rows]
 
-    def _evict(self) -> None:
+    def _evict(self) -> list[str]:
         (count,) = self._db.execute("SELECT count(*) FROM conversations").fetchone()
         if count <= self.capacity:
-            return
+            return []
         old = [
             row[0]
             for row in self._db.execute(
@@ -139,16 +201,15 @@ class Conversations:
             )
         ]
         self._db.executemany("DELETE FROM conversations WHERE id = ?", [(i,) for i in old])
-        self._db.executemany("DELETE FROM messages WHERE conversation_id = ?", [(i,) for i in old])
+        self._db.executemany("DELETE FROM seen_messages WHERE conversation_id = ?", [(i,) for i in old])
+        return old
 
     def __contains__(self, conversation_id: object) -> bool:
-        self._writer.settle()
         with self._lock:
             row = self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return row is not None
 
     def episodes(self, conversation_id: str) -> int:
-        self._writer.settle()
         with self._lock:
             row = self._db.execute(
                 "SELECT episodes FROM conversations WHERE id = ?", (conversation_id,)
@@ -156,6 +217,13 @@ class Conversations:
         if row is None:
             raise KeyError(conversation_id)
         return int(row[0])
+
+    async def aclose(self) -> None:
+        """Close the checkpointer's connection (on the loop that used it), then the table."""
+        conn = getattr(self._saver, "conn", None)
+        if conn is not None:
+            await conn.close()
+        self.close()
 
     def close(self) -> None:
         self._writer.close()  # what is queued is committed first

@@ -169,11 +169,14 @@ class EpisodeRunner:
         observe_turn: Callable[[str, float, int], None] | None = None,
         messages: list[BaseMessage] | None = None,
         on_token: Callable[[int, str, str], None] | None = None,
+        checkpointer: Any | None = None,
     ) -> EpisodeResult:
         """`graph`: the team variant to run (serving/sampling.py; default `team.team`). `messages`: the
         request's chat messages, which a user graph's default input (MessagesState) receives as they are
         (training/user_graph.py `default_input`); a Team reads the task text. `on_token(turn index, role,
-        piece)`: each turn's text as it is decoded (token streaming; serving/service.py `stream`)."""
+        piece)`: each turn's text as it is decoded (token streaming; serving/service.py `stream`).
+        `checkpointer`: the episode continues the thread `conversation_id` from its saved state
+        (serving/conversations.py); None: a fresh conversation."""
         started = time.perf_counter()
         async with self.registry.pin(sorted(set(team.adapters.values()))) as pinned:
             pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
@@ -186,13 +189,18 @@ class EpisodeRunner:
                 recorder = TurnRecorder(
                     self.tracer, span, conversation_id, on_turn, observe_turn, on_token
                 )
+                config: dict[str, Any] = {"callbacks": [recorder]}
+                threaded: dict[str, Any] = {}
+                if checkpointer is not None:
+                    config["configurable"] = {"thread_id": conversation_id}
+                    threaded["checkpointer"] = checkpointer
                 trajectory = await (graph or team.team).arun(
-                    instance, seed=seed, adapter_pins=pins, config={"callbacks": [recorder]}
+                    instance, seed=seed, adapter_pins=pins, config=config, **threaded
                 )
                 trajectory.metadata["conversation_id"] = conversation_id
                 if self.tracer is not None:
                     self.tracer.finish_episode(span, trajectory, versions)
-        self.conversations.add_episode(conversation_id, name)
+        await self.conversations.forget(self.conversations.add_episode(conversation_id, name))
         if self.on_trajectory is not None:
             self.on_trajectory(trajectory)
         finish = recorder.finish_reasons[-1] if recorder.finish_reasons else "stop"

@@ -2,11 +2,13 @@
 record its episodes, and build the OpenAI-shaped response or stream of chunks (the routes in
 serving/app.py stay thin over it).
 
-The user's last message is the task; earlier messages are context, folded into the task text as
-`<role>: <content>` lines (a team sees one task string). A request naming a conversation id continues
-that thread: its stored messages (serving/conversations.py) come before the request's own, and the
-request's messages and the answer are stored after it (docs/serving.md "Threads"); a user graph (training/user_graph.py) whose
-input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Sampling fields
+The user's last message is the task; earlier messages of the request are context, folded into the task
+text as `<role>: <content>` lines (a Team sees one task string); a user graph (training/user_graph.py)
+whose input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Every
+request runs on a thread, its conversation id (the one it names, else its completion id): the graph
+continues the thread's checkpointed state (serving/conversations.py, docs/serving.md "Threads"), and
+only the messages new to the thread go in (a client resending the whole conversation is recognised by
+the digests of the messages it has seen). Requests on one thread take turns. Sampling fields
 apply to every role under the team's pins (serving/sampling.py); `n` runs n episodes, one choice each;
 `seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
 client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
@@ -27,11 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.conversations import Conversations, StoredMessage
+from teamtr.serving.conversations import Conversations, message_digest
 from teamtr.serving.episodes import EpisodeResult, EpisodeRunner, ServedTeam, turn_info
 from teamtr.serving.errors import APIError
 from teamtr.serving.limits import AdmissionGate, RateLimiter
@@ -69,9 +72,9 @@ T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[None]]  # returns when the client has gone away
 
 
-def task_text(request: ChatCompletionRequest) -> str:
+def task_text(messages: list[ChatMessage]) -> str:
     """The user's last message, after the earlier messages folded in as `<role>: <content>` lines."""
-    *context, last = request.messages
+    *context, last = messages
     lines = [f"{m.name or m.role}: {m.text()}" for m in context if m.text().strip()]
     return "\n".join([*lines, last.text()])
 
@@ -79,29 +82,24 @@ def task_text(request: ChatCompletionRequest) -> str:
 _MESSAGE_TYPES = {"system": SystemMessage, "developer": SystemMessage, "assistant": AIMessage}
 
 
-def stored(messages: list[ChatMessage]) -> list[StoredMessage]:
-    return [StoredMessage(m.role, m.text(), m.name) for m in messages]
+def digests(messages: list[ChatMessage]) -> list[str]:
+    return [message_digest(m.role, m.name, m.text()) for m in messages]
 
 
-def in_thread(
-    request: ChatCompletionRequest, history: list[StoredMessage]
-) -> tuple[ChatCompletionRequest, list[ChatMessage]]:
-    """(the request with the thread's stored messages before its own, the messages new to the thread).
-    A client that resends the whole conversation (its messages start with the stored ones) is not
-    doubled: only what follows the stored messages is new."""
-    sent = stored(request.messages)
-    if sent[: len(history)] == history:
-        return request, request.messages[len(history) :]
-    earlier = [ChatMessage.model_validate(vars(m)) for m in history]
-    return request.model_copy(update={"messages": [*earlier, *request.messages]}), request.messages
+def new_in_thread(messages: list[ChatMessage], seen: list[str]) -> list[ChatMessage]:
+    """The messages new to a thread whose client has seen the messages with digests `seen`: a client that
+    resends the whole conversation (its messages start with the seen ones) sends only what follows."""
+    if seen and len(messages) > len(seen) and digests(messages[: len(seen)]) == seen:
+        return messages[len(seen) :]
+    return messages
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
-    """The request's messages as LangChain messages: a user graph's MessagesState input (tool results
-    become human messages carrying the tool's name)."""
+def chat_messages(messages: list[ChatMessage]) -> list[BaseMessage]:
+    """Chat messages as LangChain messages: a user graph's MessagesState input (tool results become
+    human messages carrying the tool's name)."""
     return [
         _MESSAGE_TYPES.get(m.role, HumanMessage)(m.text(), **({"name": m.name} if m.name else {}))
-        for m in request.messages
+        for m in messages
     ]
 
 
@@ -222,9 +220,9 @@ class ChatCompletionService:
         refuse_fully_pinned(team.team, variants.pinned, asked)
         given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
         new_messages = request.messages
-        if given:  # a thread: its stored messages come first (an unknown id starts a new thread)
-            request, new_messages = in_thread(request, self.conversations.history(given[:256]))
-        task = task_text(request)
+        if given:  # a thread: its state holds what came before (an unknown id starts a new thread)
+            new_messages = new_in_thread(request.messages, self.conversations.seen(given[:256]))
+        task = task_text(new_messages)
         tokenizer = self.registry.engine.tokenizer(team.team.roles[0].base_model)
         n_tokens = len(tokenizer(task, add_special_tokens=False)["input_ids"])
         if n_tokens > self.settings.max_prompt_tokens:
@@ -300,9 +298,22 @@ class ChatCompletionService:
         return self._response(c, results)
 
     async def _run_all(self, c: Completion) -> list[EpisodeResult]:
-        async with asyncio.TaskGroup() as group:  # one episode failing cancels the others
-            tasks = [group.create_task(self._run(c, i)) for i in range(c.n)]
+        async with self.conversations.thread_lock(c.conversation_id):
+            # choice 0 continues the thread; the others see it from a copy and add nothing to it
+            savers = [await self.conversations.saver()]
+            savers += [await self.conversations.fork(c.conversation_id) for _ in range(1, c.n)]
+            async with asyncio.TaskGroup() as group:  # one episode failing cancels the others
+                tasks = [group.create_task(self._run(c, i, savers[i])) for i in range(c.n)]
         return [t.result() for t in tasks]
+
+    async def _run_streamed(
+        self,
+        c: Completion,
+        on_turn: Callable[[TurnInfo], None] | None,
+        on_token: Callable[[int, str, str], None],
+    ) -> EpisodeResult:
+        async with self.conversations.thread_lock(c.conversation_id):
+            return await self._run(c, 0, await self.conversations.saver(), on_turn, on_token)
 
     def _response(self, c: Completion, results: list[EpisodeResult]) -> ChatCompletionResponse:
         first = results[0]
@@ -366,7 +377,7 @@ class ChatCompletionService:
 
         try:
             on_turn = events.put_nowait if include_turns else None
-            episode = asyncio.create_task(self._run(c, 0, on_turn, on_token))
+            episode = asyncio.create_task(self._run_streamed(c, on_turn, on_token))
             yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
             while not episode.done() or not events.empty():
                 getter = asyncio.ensure_future(events.get())
@@ -417,6 +428,7 @@ class ChatCompletionService:
         self,
         c: Completion,
         index: int,
+        checkpointer: BaseCheckpointSaver,
         on_turn: Callable[[TurnInfo], None] | None = None,
         on_token: Callable[[int, str, str], None] | None = None,
     ) -> EpisodeResult:
@@ -434,12 +446,13 @@ class ChatCompletionService:
             on_turn=on_turn,
             graph=c.graph,
             observe_turn=self.metrics.turn_observer(team),
-            messages=chat_messages(c.request),
+            messages=chat_messages(c.new_messages),
             on_token=on_token,
+            checkpointer=checkpointer,
         )
         if index == 0:  # the thread continues from choice 0's answer
-            answer = StoredMessage("assistant", result.trajectory.final_answer or "")
-            self.conversations.append(c.conversation_id, [*stored(c.new_messages), answer])
+            answer = message_digest("assistant", None, result.trajectory.final_answer or "")
+            self.conversations.add_seen(c.conversation_id, [*digests(c.new_messages), answer])
         self.metrics.episode_seconds.labels(team).observe(result.seconds)
         self.gates[team].observe_episode(result.seconds)
         return result

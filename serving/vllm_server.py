@@ -65,6 +65,10 @@ class VLLMServerConfig:
     # "uni": the model runs inside the engine-core process instead of a separate worker: one Python
     # start-up (importing torch + vllm) fewer. None: vLLM's choice (needed for tensor parallelism).
     executor_backend: str | None = "uni"
+    # vLLM's own model parallelism inside one server (one replica over several GPUs; docs/scale.md). Above
+    # 1, the "uni" backend (one worker) becomes "mp" (one worker process per GPU); "ray" spans nodes.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     cpu_kvcache_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE (ignored by CUDA builds)
     startup_timeout_s: float = 300.0
     log_path: str | None = None  # None: a file under the system temp directory
@@ -105,8 +109,15 @@ class VLLMServerConfig:
             "--logprobs-mode",
             LOGPROBS_MODE,
         ]
-        if self.executor_backend:
-            cmd += ["--distributed-executor-backend", self.executor_backend]
+        backend = self.executor_backend
+        if backend == "uni" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            backend = "mp"
+        if backend:
+            cmd += ["--distributed-executor-backend", backend]
+        if self.tensor_parallel_size > 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.pipeline_parallel_size > 1:
+            cmd += ["--pipeline-parallel-size", str(self.pipeline_parallel_size)]
         if self.lora_target_modules:
             cmd += ["--lora-target-modules", *self.lora_target_modules]
         if self.max_model_len is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
-from teamtr.serving.conversations import Conversations, StoredMessage
+from teamtr.serving.conversations import Conversations, message_digest
 from teamtr.serving.sqlite_writer import BackgroundWriter
 
 
@@ -38,11 +38,18 @@ def test_conversations_read_their_own_writes_and_survive_a_close(tmp_path):
     store = Conversations(capacity=10, path=path)
     for k in range(20):
         store.add_episode("c1", "team")
-        store.append("c1", [StoredMessage("user", f"q{k}"), StoredMessage("assistant", f"a{k}")])
+        store.add_seen(
+            "c1", [message_digest("user", None, f"q{k}"), message_digest("assistant", None, f"a{k}")]
+        )
     assert store.episodes("c1") == 20
-    assert [m.content for m in store.history("c1")][-2:] == ["q19", "a19"]
+    assert store.seen("c1")[-2:] == [
+        message_digest("user", None, "q19"),
+        message_digest("assistant", None, "a19"),
+    ]
     store.add_episode("c2", "team")
+    store.add_seen("c2", ["d"])
     store.close()  # the queued write is committed before the file closes
     reopened = Conversations(capacity=10, path=path)
-    assert "c2" in reopened and reopened.episodes("c1") == 20 and len(reopened.history("c1")) == 40
+    assert "c2" in reopened and reopened.seen("c2") == ["d"]
+    assert reopened.episodes("c1") == 20 and len(reopened.seen("c1")) == 40
     reopened.close()

@@ -37,6 +37,32 @@ def test_command_line_has_the_settings_that_make_log_probs_exact(tmp_path: Path)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
+def test_tensor_and_pipeline_parallel_servers_run_one_worker_per_gpu(tmp_path: Path) -> None:
+    single = VLLMServerConfig(model_dir=str(tmp_path / "m")).command(port=1)
+    assert "--tensor-parallel-size" not in single and single[single.index("--distributed-executor-backend") + 1] == "uni"
+    cmd = VLLMServerConfig(model_dir=str(tmp_path / "m"), tensor_parallel_size=2, pipeline_parallel_size=2).command(1)
+    flags = dict(zip(cmd, cmd[1:], strict=False))
+    assert flags["--tensor-parallel-size"] == "2" and flags["--pipeline-parallel-size"] == "2"
+    assert flags["--distributed-executor-backend"] == "mp"  # "uni" runs one worker only
+    ray = VLLMServerConfig(model_dir="m", tensor_parallel_size=8, executor_backend="ray").command(1)
+    assert ray[ray.index("--distributed-executor-backend") + 1] == "ray"
+
+
+def test_replica_devices_and_attaching_one_base_only(tmp_path: Path) -> None:
+    from teamtr.serving.vllm_replicas import VLLMReplicaEngine, open_replica_engine, replica_configs
+
+    config = VLLMServerConfig(model_dir="m", tensor_parallel_size=2, extra_env={"HF_HOME": "/h"})
+    envs = [c.extra_env for c in replica_configs(config, 2, ["0,1", "2,3"])]
+    assert envs == [{"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"}, {"HF_HOME": "/h", "CUDA_VISIBLE_DEVICES": "2,3"}]
+    with pytest.raises(ValueError, match="2 replicas need 2 device sets"):
+        replica_configs(config, 2, ["0"])
+
+    with pytest.raises(ValueError, match="one base model"):
+        open_replica_engine({"base": "a", "other": "b"}, urls=["http://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="at least one replica"):
+        VLLMReplicaEngine({"base": []})
+
+
 def test_missing_interpreter_or_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(VLLMServerError, match="setup_vllm.sh"):
         start_vllm_server(tmp_path, python=str(tmp_path / "no-python"))

@@ -93,6 +93,13 @@ class RolloutConfig(_Strict):
     vllm_url: str | None = None  # vllm: attach to this server (serving the run's base model); None: launch
     vllm_args: list[str] = Field(default_factory=list)  # vllm, launched: extra server arguments
     vllm_env: dict[str, str] = Field(default_factory=dict)  # ... and environment (CUDA_VISIBLE_DEVICES)
+    # several servers (serving/vllm_replicas.py, docs/scale.md): attach these replicas (one base), or
+    # launch `vllm_replicas` per base, each over tensor x pipeline parallel GPUs
+    vllm_urls: list[str] = Field(default_factory=list)
+    vllm_replicas: int = Field(1, ge=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_pipeline_parallel_size: int = Field(1, ge=1)
+    vllm_replica_devices: list[str] = Field(default_factory=list)  # CUDA_VISIBLE_DEVICES per replica
 
 
 class LossConfig(_Strict):

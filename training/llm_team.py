@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -50,6 +50,7 @@ from teamtr.training.diagnostics import (
     occupancy_divergence,
     turn_versions,
 )
+from teamtr.training.distributed import DataParallel
 from teamtr.training.metrics import MetricsLog
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
@@ -60,6 +61,7 @@ from teamtr.training.teamtr_step import StepResult, teamtr_step
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class UnusedRoleWarning(UserWarning):
@@ -111,8 +113,11 @@ class LLMStageTeam:
         run_dir: Path,
         progress: TrainingProgress,
         rollout_engine: EmbeddedEngine | VLLMRollouts | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
+        # torchrun: episodes sampled on rank 0 and broadcast, each update split (training/distributed.py)
+        self.data_parallel = data_parallel
         self.run_dir, self.progress = run_dir, progress
         self.roles = {r.name: r for r in roles}
         # rollout.engine: vllm: the team samples through vLLM, to which every accepted version is pushed
@@ -126,7 +131,13 @@ class LLMStageTeam:
                 list(params.values()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
             )
             self.policies[r.adapter] = AdapterPolicy(
-                engine, r.adapter, r.base_model, params, optimizer, temperature=cfg.rollout.temperature
+                engine,
+                r.adapter,
+                r.base_model,
+                params,
+                optimizer,
+                temperature=cfg.rollout.temperature,
+                data_parallel=data_parallel,
             )
             self.state.betas.setdefault(r.name, cfg.trust_region.beta_init)
         self.stage_start_weights: dict[str, dict[str, torch.Tensor]] = {}  # pi^0 of the current stage
@@ -226,7 +237,7 @@ class LLMStageTeam:
             return list(await asyncio.gather(*(episode(n) for n in range(len(cuts)))))
 
         try:
-            trajectories = asyncio.run(episodes())
+            trajectories = self._on_main(lambda: asyncio.run(episodes()))
         except EpisodeError as e:
             self.metrics.log("failed", self.state.step, where=key, error=f"{type(e).__name__}: {e}")
             raise RunDirError(f"stage {stage} suffix resample {index} failed: {e}") from e
@@ -280,12 +291,18 @@ class LLMStageTeam:
         role, a reward that raises or is not finite, an endless loop) fails the batch: a "failed" record
         in metrics.jsonl and one RunDirError line. The last checkpoint is intact: fix it and resume."""
         try:
-            return self.team.run(prompts, group_size=group_size, verifier=self.task, seed=seed)
+            return self._on_main(
+                lambda: self.team.run(prompts, group_size=group_size, verifier=self.task, seed=seed)
+            )
         except (EpisodeError, UnknownRoleError) as e:
             self.metrics.log("failed", self.state.step, where=where, error=f"{type(e).__name__}: {e}")
             raise RunDirError(
                 f"{where} failed: {type(e).__name__}: {e} (the run resumes from its last checkpoint)"
             ) from e
+
+    def _on_main(self, fn: Callable[[], T]) -> T:
+        """fn() here; data parallel: on rank 0 only, its episodes broadcast to every rank."""
+        return fn() if self.data_parallel is None else self.data_parallel.on_main(fn)
 
     def _skipped(self, ctx: UpdateContext[RolloutBatch], role: Role) -> LoggedUpdate | None:
         """A role the graph never called (with a trainable model) in ctx.batch is reported, not updated
@@ -347,7 +364,7 @@ class LLMStageTeam:
         )
         self.state.betas[ctx.role] = step.region.beta_next
         push_seconds = None
-        if step.accepted:  # the version `teamtr serve` loads
+        if step.accepted and (self.data_parallel is None or self.data_parallel.is_main):  # what serve loads
             saved = save_peft_adapter(
                 self.engine.model(policy.base),
                 policy.adapter,

@@ -2,7 +2,8 @@
 
 What the per-agent step (training/teamtr_step.py) needs of a policy: log-probabilities of sampled tokens
 (with or without a gradient), an exact snapshot to undo an attempt, and a commit that swaps the accepted
-weights in (version bump: the next rollouts record the new version).
+weights in (version bump: the next rollouts record the new version). Under torchrun, `data_parallel`
+splits each log-prob computation over the ranks and sums their gradients (training/distributed.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.training.distributed import DataParallel
 from teamtr.training.rollouts import RoleMessages, padded_logprobs
 from teamtr.training.trust_region import AdapterState
 
@@ -30,9 +32,19 @@ class AdapterPolicy:
     # the policy trained is pi_T = softmax(logits / T), the distribution rollouts sample from
     # (training/behaviour.py refuses turns sampled otherwise; docs/training.md "Sampling temperature")
     temperature: float = 1.0
+    data_parallel: DataParallel | None = None  # torchrun: this rank's share of every log-prob pass
 
     def logp(self, msgs: RoleMessages, grad: bool) -> torch.Tensor:
-        """[M, T] log pi_T(x_u | s, x_<u) of msgs' completion tokens (padding 0)."""
+        """[M, T] log pi_T(x_u | s, x_<u) of msgs' completion tokens (padding 0). Data parallel: this
+        rank computes its share of the messages, the other ranks' shares are gathered (no gradient)."""
+        dp = self.data_parallel
+        if dp is None:
+            return self._logp(msgs, grad)
+        start, end = dp.shard(len(msgs))
+        local = self._logp(msgs.subset(torch.arange(start, end)), grad)
+        return dp.gather_rows(local, len(msgs))
+
+    def _logp(self, msgs: RoleMessages, grad: bool) -> torch.Tensor:
         if len(msgs) == 0:
             return torch.zeros_like(msgs.mask)
 
@@ -41,6 +53,15 @@ class AdapterPolicy:
 
         with torch.set_grad_enabled(grad):
             return padded_logprobs(fn, msgs, SCORE_CHUNK)
+
+    def sync_gradients(self) -> None:
+        """After backward: data parallel, the gradients summed over the ranks; one process, nothing."""
+        if self.data_parallel is not None:
+            self.data_parallel.all_reduce_gradients(list(self.params.values()))
+
+    def agree(self, value: float) -> float:
+        """A number the trust region decides on, rank 0's on every rank (data parallel)."""
+        return value if self.data_parallel is None else self.data_parallel.agree(value)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """Per-message log pi_T of completions at the current weights, without a gradient."""

@@ -365,6 +365,10 @@ class RunDir:
                 adapters=len({r.adapter for r in roles if r.adapter is not None}),
                 args=rollout.vllm_args,
                 env=rollout.vllm_env,
+                urls=rollout.vllm_urls,
+                replicas=rollout.vllm_replicas,
+                parallel=(rollout.vllm_tensor_parallel_size, rollout.vllm_pipeline_parallel_size),
+                devices=rollout.vllm_replica_devices,
             )
         except (RolloutEngineError, VLLMServerError) as e:  # a bad URL, a server that would not start
             raise RunDirError(f"{self.path / CONFIG_FILE}: rollout.engine vllm: {e}") from None

@@ -151,13 +151,14 @@ def penalised_surrogate_epochs(
             loss = penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)  # -(eq. 10)
             policy.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
             torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
             policy.optimizer.step()
             w = float(mb.weight.sum())
             running += w * float(monitored_kl(kl, tr.estimator, tr.per_token).detach())
             seen += w
         epochs_run = epoch
-        d_running = running / max(seen, 1e-12)
+        d_running = policy.agree(running / max(seen, 1e-12))  # one early-stop decision on every rank
         if on_epoch is not None:
             on_epoch(epoch, d_running)
         if tr.enabled and tr.early_stop and d_running > tr.delta:
@@ -166,7 +167,7 @@ def penalised_surrogate_epochs(
     with torch.no_grad():  # MONITOR on the whole batch (eq. 11)
         new_logp = policy.logp(msgs, grad=False)
         kl_all = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
-    d_hat = float(monitored_kl(kl_all, tr.estimator, tr.per_token))
+    d_hat = policy.agree(float(monitored_kl(kl_all, tr.estimator, tr.per_token)))  # one accept decision
     return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped, new_logp=new_logp)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from teamtr.training.checkpoint import (
 )
 from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import logprob_gap_summary, out_of_sample_summary
+from teamtr.training.distributed import DataParallel
 from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
 from teamtr.training.progress import TrainingProgress
@@ -69,6 +71,7 @@ class Trainer:
         self.progress = progress or TrainingProgress()
         self.run_dir = Path(cfg.run_dir)
         self._engine = engine
+        self.dp: DataParallel | None = None
 
     def model_path(self) -> str:
         return model_path(self.cfg)  # team.model, else the task's own warm-started model
@@ -76,12 +79,20 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         torch.set_num_threads(cfg.torch_threads)
+        # torchrun: K ranks, rank 0 samples and writes, every rank takes its share of each update
+        self.dp = dp = DataParallel.from_env()
+        main = dp is None or dp.is_main
+        if not main:  # rank 0 makes the run directory first; the others check it holds this config
+            dp.barrier()  # type: ignore[union-attr]
         run = RunDir.create(cfg)  # a new run directory, or the same config as the run it resumes
+        if dp is not None and main:
+            dp.barrier()
         roles = run.roles
         task = run.task()
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
         engine = self._engine or run.engine("fresh", threads=cfg.torch_threads)
-        rollout_engine = run.rollout_engine(engine, roles)  # rollout.engine: the trainer's, or vLLM
+        # rollout.engine: the trainer's, or vLLM (rank 0 only: the others never sample)
+        rollout_engine = run.rollout_engine(engine, roles) if main else engine
         try:
             return self._run(run, roles, task, engine, rollout_engine)
         finally:
@@ -97,11 +108,15 @@ class Trainer:
         rollout_engine: EmbeddedEngine | VLLMRollouts,
     ) -> dict[str, Any]:
         cfg = self.cfg
+        dp = self.dp
+        main = dp is None or dp.is_main
         ckpt = load_latest_checkpoint(self.run_dir)
         state = RunState()
-        metrics = MetricsLog(self.run_dir)
+        # the other ranks' records (the same numbers) go to a scratch directory: rank 0 writes the run's
+        metrics = MetricsLog(self.run_dir) if main else MetricsLog(tempfile.mkdtemp(), tensorboard=False)
         if ckpt is not None:
-            metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
+            if main:
+                metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
             state = RunState(**ckpt.state["run"])
         team = LLMStageTeam(
             cfg,
@@ -113,11 +128,12 @@ class Trainer:
             self.run_dir,
             self.progress,
             rollout_engine=rollout_engine,
+            data_parallel=dp,
         )
         start_stage = 0
         if ckpt is not None:
             start_stage = self._restore(team, ckpt)
-        else:
+        elif main:
             for r in roles:  # v0: the adapters the run starts from
                 save_peft_adapter(engine.model(r.base_model), r.adapter, run.adapter_dir(r.adapter, 0))
 
@@ -129,7 +145,7 @@ class Trainer:
             if cfg.max_rollout_tokens is not None and state.train_tokens >= cfg.max_rollout_tokens:
                 break
             self._stage(team, [r.name for r in roles], stage, evaluate)
-        summary = run_summary(state, read_metrics(self.run_dir, kind="update"))
+        summary = self._on_main(lambda: run_summary(state, read_metrics(self.run_dir, kind="update")))
         metrics.log("run", state.step, **summary)
         metrics.close()
         self.engine, self.roles, self.task = engine, roles, task
@@ -180,15 +196,24 @@ class Trainer:
         def evaluate(label: str) -> dict[str, Any]:
             if not tasks:
                 return {"accuracy": None, "episodes": 0, "tokens": 0}  # per-stage evaluation switched off
-            result = held_out_return(eval_team, task, tasks, seed=derive_seed(cfg.seed, "eval"))
+            result = self._on_main(
+                lambda: held_out_return(eval_team, task, tasks, seed=derive_seed(cfg.seed, "eval"))
+            )
             self.progress.evaluation(label, result)
             return result
 
         return evaluate
 
+    def _on_main(self, fn: Callable[[], Any]) -> Any:
+        """fn() here; data parallel: on rank 0, its result broadcast (training/distributed.py)."""
+        return fn() if self.dp is None else self.dp.on_main(fn)
+
     # ---- resume ---------------------------------------------------------------------------------------
     def _checkpoint(self, team: LLMStageTeam, next_stage: int) -> None:
-        """After every completed update (mid-stage) and every completed stage (next_stage = stage + 1)."""
+        """After every completed update (mid-stage) and every completed stage (next_stage = stage + 1);
+        data parallel: by rank 0 only (every rank holds the same weights)."""
+        if self.dp is not None and not self.dp.is_main:
+            return
         state = {
             "next_stage": next_stage,
             "run": dataclasses.asdict(team.state),

@@ -24,6 +24,7 @@ from typing import Any
 
 from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
 from teamtr.serving.vllm_engine import VLLMEngine
+from teamtr.serving.vllm_replicas import VLLMReplicaEngine, open_replica_engine
 from teamtr.serving.vllm_server import (
     VLLMServer,
     VLLMServerConfig,
@@ -43,7 +44,7 @@ class RolloutEngineError(ValueError):
 class VLLMRollouts:
     """The Engine the training team samples through in vLLM mode (tokenizer, generate, versions)."""
 
-    engine: VLLMEngine
+    engine: VLLMEngine | VLLMReplicaEngine  # one server per base, or several (serving/vllm_replicas.py)
     servers: list[VLLMServer] = field(default_factory=list)  # launched here: stopped by close()
     pushed: dict[tuple[str, str], int] = field(default_factory=dict)  # (base, adapter) -> trainer version
     push_seconds: float = 0.0  # wall time of every push so far
@@ -137,10 +138,37 @@ def open_vllm_rollouts(
     adapters: int,
     args: list[str] | tuple[str, ...] = (),
     env: Mapping[str, str] | None = None,
+    urls: list[str] | tuple[str, ...] = (),
+    replicas: int = 1,
+    parallel: tuple[int, int] = (1, 1),
+    devices: list[str] | tuple[str, ...] = (),
 ) -> VLLMRollouts:
     """Attach to the server at `url` (a team on one base), or launch one server per base model with
     LoRA slots for `adapters` role adapters (+1 for the null adapter the base policy is served through),
-    ranks up to `lora_rank`, the trainer's `dtype` (float32 both sides: log-probs agree to ~1e-5)."""
+    ranks up to `lora_rank`, the trainer's `dtype` (float32 both sides: log-probs agree to ~1e-5).
+    Several servers (`urls` attached, or `replicas` per base launched, each over (tensor, pipeline)
+    `parallel` GPUs) are spread over by a `VLLMReplicaEngine`; a push then reaches every replica before
+    the next rollout (serving/vllm_replicas.py)."""
+    if urls or replicas > 1 or parallel != (1, 1):
+        if url is not None:
+            raise RolloutEngineError("give rollout.vllm_url (one server) or rollout.vllm_urls (replicas), not both")
+        try:
+            engine, launched = open_replica_engine(
+                bases,
+                urls=urls,
+                replicas=replicas,
+                tensor_parallel_size=parallel[0],
+                pipeline_parallel_size=parallel[1],
+                max_lora_rank=serving_lora_rank(lora_rank),
+                max_loras=max(8, adapters + 1),
+                dtype=dtype,
+                extra_args=args,
+                extra_env=env,
+                devices=devices,
+            )
+        except ValueError as e:
+            raise RolloutEngineError(str(e)) from None
+        return VLLMRollouts(engine, servers=launched)
     if url is not None:
         if len(bases) != 1:
             raise RolloutEngineError(
