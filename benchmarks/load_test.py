@@ -9,12 +9,16 @@ For each engine, on the same model, adapters and tasks, `--rounds` interleaved r
 2. api: a real `teamtr serve` subprocess (uvicorn, tracing to its SQLite store on, as by default) and
    `--clients` concurrent HTTP clients;
 each round sends `--requests` requests while a new version of every role's adapter is promoted `--swaps`
-times (through POST /admin/adapters for the api). Prints p50 / p99 latency, throughput, failed requests
-(must be 0) and the API / direct ratios, and writes them as JSON. Everything is on 127.0.0.1; request
-count and time are bounded (--timeout-s per round).
+times (through POST /admin/adapters for the api); then, per round, `--single-requests` requests from one
+client, direct and api (no batching, no queueing). Then a second server, whose admission queue holds
+`--queue-bound` episodes, measures unloaded latency (one client), time to the first streamed content
+delta against that, and 4x `--queue-bound` clients sending `--overload-requests` requests (every
+answer must be 200 or 429). Prints p50 / p99 latency, throughput, failed requests (must be 0) and the
+API / direct ratios, and writes them as JSON. Everything is on 127.0.0.1; request count and time are
+bounded (--timeout-s per round).
 
-One file of ~400 lines on purpose: a benchmark script read and run top to bottom (setup, the two
-phases, the rounds, the report), whose pieces nothing else uses.
+One file of ~600 lines on purpose: a benchmark script read and run top to bottom (setup, the phases,
+the rounds, the probes, the report), whose pieces nothing else uses.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,16 +164,25 @@ async def direct_round(
 # ---- api: a real server subprocess --------------------------------------------------------------------
 
 
-def start_api_server(run: Path, engine: str, vllm_url: str | None, log: Path) -> tuple[subprocess.Popen, str]:
+def start_api_server(
+    run: Path, engine: str, vllm_url: str | None, log: Path, queue: tuple[int, int] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`teamtr serve` on the run directory; `queue` = (max_in_flight, max_waiting) serves it through a
+    config file with that admission queue instead."""
     port = free_port()
+    source = str(run)
+    if queue is not None:
+        source = str(log.with_suffix(".yaml"))
+        team = {"run_dir": str(run.resolve()), "max_in_flight": queue[0], "max_waiting": queue[1]}
+        model = yaml.safe_load((run / "config.yaml").read_text())["team"]["model"]
+        Path(source).write_text(yaml.safe_dump({"model": model, "teams": {"chain": team}}))
     cmd = [
         sys.executable,
         "-m",
         "teamtr.cli.main",
         "serve",
-        str(run),
-        "--team-name",
-        "chain",
+        source,
+        *(["--team-name", "chain"] if queue is None else []),
         "--port",
         str(port),
         "--admin-key",
@@ -239,6 +254,106 @@ async def api_round(
     return phase
 
 
+# ---- one client, streaming, overload ----------------------------------------------------------------
+
+
+async def one_client_round(run_one: Callable[[str], Awaitable[None]], tasks: list[str], name: str) -> Phase:
+    """The tasks one after another: latency without batching or queueing."""
+    phase = Phase(name)
+    t0 = time.perf_counter()
+    for task in tasks:
+        t = time.perf_counter()
+        try:
+            await run_one(task)
+            phase.latencies_s.append(time.perf_counter() - t)
+        except Exception as e:  # counted, not hidden
+            phase.failures.append(f"{type(e).__name__}: {e}")
+    phase.wall_s = time.perf_counter() - t0
+    return phase
+
+
+def chat_body(task: str, **extra: object) -> dict:
+    return {"model": "chain", "messages": [{"role": "user", "content": task}], **extra}
+
+
+async def streamed_first_content(http: httpx.AsyncClient, task: str) -> tuple[float, float]:
+    """(time to the first content delta, time to [DONE]) of one streamed request, in seconds."""
+    t0, first = time.perf_counter(), None
+    async with http.stream("POST", "/v1/chat/completions", json=chat_body(task, stream=True)) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if (choices[0].get("delta") or {}).get("content"):
+                    first = time.perf_counter() - t0
+    return (first if first is not None else float("nan")), time.perf_counter() - t0
+
+
+async def streaming_and_overload(
+    http: httpx.AsyncClient, tasks: list[str], queue_bound: int, overload_requests: int
+) -> dict:
+    """On a server whose admission queue holds `queue_bound` episodes: unloaded latency (one client, not
+    streamed), time to first content (one client, streamed), then 4x `queue_bound` clients."""
+
+    async def plain(task: str) -> None:
+        (await http.post("/v1/chat/completions", json=chat_body(task))).raise_for_status()
+
+    unloaded = (await one_client_round(plain, tasks, "unloaded")).summary()
+    firsts, fulls = [], []
+    for task in tasks:
+        first, full = await streamed_first_content(http, task)
+        firsts.append(first)
+        fulls.append(full)
+    statuses: dict[int, int] = {}
+    admitted: list[float] = []
+    no_answer: list[str] = []
+    queue = [tasks[i % len(tasks)] for i in range(overload_requests)]
+
+    async def client() -> None:
+        while queue:
+            task = queue.pop()
+            t0 = time.perf_counter()
+            try:
+                r = await http.post("/v1/chat/completions", json=chat_body(task))
+                code = r.status_code
+            except httpx.HTTPError as e:
+                code = -1  # no HTTP answer at all (counted with the 5xx)
+                no_answer.append(f"{type(e).__name__}: {e}")
+            statuses[code] = statuses.get(code, 0) + 1
+            if code == 200:
+                admitted.append(time.perf_counter() - t0)
+            elif code == 429:  # try again after Retry-After, as OpenAI's clients do
+                queue.append(task)
+                await asyncio.sleep(float(r.headers.get("Retry-After", 1)))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(4 * queue_bound)))
+    wall = time.perf_counter() - t0
+    q = lambda xs, k: 1000 * statistics.quantiles(sorted(xs), n=100, method="inclusive")[k]  # noqa: E731
+    empty = sum(math.isnan(f) for f in firsts)  # answers with no content (random adapters): no first delta
+    firsts = [f for f in firsts if not math.isnan(f)] or [float("nan")] * 2
+    return {
+        "unloaded": unloaded,
+        "streamed_without_content": empty,
+        "ttft_p50_ms": q(firsts, 49),
+        "ttft_p99_ms": q(firsts, 98),
+        "streamed_full_p50_ms": q(fulls, 49),
+        "ttft_over_unstreamed_p50": q(firsts, 49) / unloaded["p50_ms"],
+        "overload": {
+            "clients": 4 * queue_bound,
+            "queue_bound": queue_bound,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "errors_5xx_or_none": sum(v for k, v in statuses.items() if k >= 500 or k < 0),
+            "other_statuses": sum(v for k, v in statuses.items() if k not in (200, 429) and 0 <= k < 500),
+            "no_answer_errors": no_answer[:5],
+            "admitted_p50_ms": q(admitted, 49),
+            "admitted_p99_ms": q(admitted, 98),
+            "admitted_p99_over_unloaded_p99": q(admitted, 98) / unloaded["p99_ms"],
+            "throughput_rps": len(admitted) / wall,
+        },
+    }
+
+
 # ---- one engine ---------------------------------------------------------------------------------------
 
 
@@ -284,7 +399,15 @@ async def bench_engine_async(
     direct_server = await build_server(config)
     process, url = start_api_server(run_a, engine, vllm_url, work / f"{engine}-server.log")
     limits = httpx.Limits(max_connections=args.clients + 2, max_keepalive_connections=args.clients + 2)
-    directs, apis = [], []
+    directs, apis, directs_1, apis_1 = [], [], [], []
+    served = direct_server.teams["chain"]
+
+    async def direct_one(task: str) -> None:
+        async with direct_server.registry.pin(sorted(served.adapters.values())) as pinned:
+            await served.team.arun(
+                task, adapter_pins={role: pinned[a] for role, a in served.adapters.items()}
+            )
+
     try:
         async with httpx.AsyncClient(base_url=url, timeout=args.timeout_s, limits=limits) as http:
             warm = "1+2+3+4"
@@ -309,10 +432,36 @@ async def bench_engine_async(
                 apis.append(
                     await asyncio.wait_for(api_round(http, tasks, args.clients, plan_a[k]), args.timeout_s)
                 )
+                if args.single_requests:  # one client: no batching, no queueing
+                    few = tasks[: args.single_requests]
+
+                    async def api_one(task: str) -> None:
+                        (await http.post("/v1/chat/completions", json=chat_body(task))).raise_for_status()
+
+                    directs_1.append(await one_client_round(direct_one, few, "direct-1"))
+                    apis_1.append(await one_client_round(api_one, few, "api-1"))
     finally:
         process.terminate()
         process.wait(60)
         await direct_server.aclose()
+    probes = None
+    if args.overload_requests:  # a second server with a small admission queue
+        bound = args.queue_bound
+        run_o, _ = prepare(work / f"{engine}-overload", model_dir, 2 * API_VERSION_BASE, 0)
+        process, url = start_api_server(
+            run_o, engine, vllm_url, work / f"{engine}-overload.log", queue=(bound // 2, bound - bound // 2)
+        )
+        limits = httpx.Limits(max_connections=4 * bound + 2, max_keepalive_connections=4 * bound + 2)
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=args.timeout_s, limits=limits) as http:
+                few = [t.prompt for t in get_task("chain").generate(args.single_requests or 24, seed=99)]
+                (await http.post("/v1/chat/completions", json=chat_body(few[0]))).raise_for_status()  # warm
+                probes = await streaming_and_overload(http, few, bound, args.overload_requests)
+        finally:
+            process.terminate()
+            process.wait(60)
+    if not directs:  # --rounds 0: the probes only
+        return {"engine": engine, "streaming_and_overload": probes}
     direct, api = merge(directs, "direct"), merge(apis, "api")
     d, a = direct.summary(), api.summary()
     per_round = [x.summary()["mean_ms"] / y.summary()["mean_ms"] for x, y in zip(apis, directs, strict=True)]
@@ -327,8 +476,22 @@ async def bench_engine_async(
             "throughput_ratio": a["throughput_rps"] / d["throughput_rps"],
             "mean_latency_ratio_per_round": per_round,
         },
+        "one_client": one_client_summary(directs_1, apis_1),
+        "streaming_and_overload": probes,
         "api_failures": api.failures[:10],
         "direct_failures": direct.failures[:10],
+    }
+
+
+def one_client_summary(directs: list[Phase], apis: list[Phase]) -> dict | None:
+    if not directs:
+        return None
+    d, a = merge(directs, "direct-1").summary(), merge(apis, "api-1").summary()
+    return {
+        "direct": d,
+        "api": a,
+        "p50_ratio": a["p50_ms"] / d["p50_ms"],
+        "p99_ratio": a["p99_ms"] / d["p99_ms"],
     }
 
 
@@ -352,6 +515,8 @@ def print_results(results: list[dict]) -> None:
         "engine", "phase", "requests", "failed", "swaps", "p50 ms", "p99 ms", "req/s", "versions seen"
     )
     for r in results:
+        if "direct" not in r:
+            continue
         for phase in ("direct", "api"):
             s = r[phase]
             table.add_row(
@@ -367,11 +532,30 @@ def print_results(results: list[dict]) -> None:
             )
     console.print(table)
     for r in results:
-        o = r["overhead"]
-        console.print(
-            f"{r['engine']}: API / direct: p50 x{o['p50_ratio']:.2f}, p99 x{o['p99_ratio']:.2f}, "
-            f"mean latency x{o['mean_latency_ratio']:.2f}, throughput x{o['throughput_ratio']:.2f}"
-        )
+        o = r.get("overhead")
+        if o:
+            console.print(
+                f"{r['engine']}: API / direct: p50 x{o['p50_ratio']:.2f}, p99 x{o['p99_ratio']:.2f}, "
+                f"mean latency x{o['mean_latency_ratio']:.2f}, throughput x{o['throughput_ratio']:.2f}"
+            )
+        if r.get("one_client"):
+            one = r["one_client"]
+            console.print(
+                f"{r['engine']}: one client: direct p50 {one['direct']['p50_ms']:.0f} ms, api p50 "
+                f"{one['api']['p50_ms']:.0f} ms: API / direct p50 x{one['p50_ratio']:.2f}, p99 x{one['p99_ratio']:.2f}"
+            )
+        if r["streaming_and_overload"]:
+            s, o = r["streaming_and_overload"], r["streaming_and_overload"]["overload"]
+            console.print(
+                f"{r['engine']}: unloaded p50 {s['unloaded']['p50_ms']:.0f} ms, p99 {s['unloaded']['p99_ms']:.0f} ms; "
+                f"streamed: first content p50 {s['ttft_p50_ms']:.0f} ms (x{s['ttft_over_unstreamed_p50']:.2f} of "
+                f"the unstreamed p50), done p50 {s['streamed_full_p50_ms']:.0f} ms"
+            )
+            console.print(
+                f"{r['engine']}: overload ({o['clients']} clients, queue bound {o['queue_bound']}): statuses "
+                f"{o['statuses']}, 5xx/no answer {o['errors_5xx_or_none']}; admitted p99 {o['admitted_p99_ms']:.0f} ms "
+                f"= x{o['admitted_p99_over_unloaded_p99']:.2f} of the unloaded p99"
+            )
 
 
 def main() -> None:
@@ -385,6 +569,11 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=None, help="base model dir (default: a tiny random Llama)")
     p.add_argument("--vllm-url", default=None, help="attach to this vLLM server (it must serve --model)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="bound on each round of each phase")
+    p.add_argument("--single-requests", type=int, default=24, help="one-client requests per round (0: none)")
+    p.add_argument("--queue-bound", type=int, default=8, help="overload server: max_in_flight + max_waiting")
+    p.add_argument(
+        "--overload-requests", type=int, default=256, help="answered requests under 4x overload (0: skip)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/load_test.json"))
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
@@ -400,7 +589,10 @@ def main() -> None:
         )
     )
     console.print(f"results -> {args.out}")
-    if any(r["api"]["failed"] or r["direct"]["failed"] for r in results):
+    overloaded = [r["streaming_and_overload"] for r in results if r["streaming_and_overload"]]
+    if any(p["overload"]["errors_5xx_or_none"] or p["overload"]["other_statuses"] for p in overloaded):
+        sys.exit(1)
+    if any(r["api"]["failed"] or r["direct"]["failed"] for r in results if "api" in r):
         sys.exit(1)
 
 

@@ -12,7 +12,9 @@ With a file (`conversations.db` under the serve directory, cli/server.py) the ch
 (`AsyncSqliteSaver`, langgraph-checkpoint-sqlite) and the table share it, and both survive a restart;
 without one both live in memory (`InMemorySaver`), as a plain `create_app` server needs. A file that is
 not a readable SQLite database is reported (`ConversationStoreError`, naming the file) and never written
-to: the server refuses to start rather than lose conversations.
+to: the server refuses to start rather than lose conversations. The seen-message digests are committed
+by a background thread, batched (serving/sqlite_writer.py): a request does not wait for that commit, and
+a read first waits for the writes submitted before it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
+
+from teamtr.serving.sqlite_writer import BackgroundWriter
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -77,6 +81,7 @@ class Conversations:
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
             self._db.close()
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None
+        self._writer = BackgroundWriter(self._db, self._lock, name="conversations-writer")
         self._saver: BaseCheckpointSaver | None = None
         self._threads: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -159,18 +164,26 @@ class Conversations:
             return self._evict()
 
     def add_seen(self, conversation_id: str, digests: Sequence[str]) -> None:
-        """Record messages the client has now seen in the conversation (its own and the answer)."""
-        with self._lock, self._db:
-            (start,) = self._db.execute(
+        """Record messages the client has now seen in the conversation (its own and the answer); committed
+        in the background (a conversation evicted meanwhile gets none)."""
+        digests = list(digests)
+
+        def write(db: sqlite3.Connection) -> None:
+            if db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
+                return
+            (start,) = db.execute(
                 "SELECT count(*) FROM seen_messages WHERE conversation_id = ?", (conversation_id,)
             ).fetchone()
-            self._db.executemany(
+            db.executemany(
                 "INSERT INTO seen_messages VALUES (?, ?, ?)",
                 [(conversation_id, start + i, d) for i, d in enumerate(digests)],
             )
 
+        self._writer.submit(write)
+
     def seen(self, conversation_id: str) -> list[str]:
         """The digests of the conversation's messages so far, oldest first (empty for an unknown id)."""
+        self._writer.settle()
         with self._lock:
             rows = self._db.execute(
                 "SELECT digest FROM seen_messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,)
@@ -213,5 +226,6 @@ class Conversations:
         self.close()
 
     def close(self) -> None:
+        self._writer.close()  # what is queued is committed first
         with self._lock:
             self._db.close()

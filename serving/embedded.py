@@ -2,18 +2,29 @@
 
 One or more base models, each with one LoRA adapter per role (peft named adapters) and the
 adapter-disabled reference. Many episodes run concurrently (asyncio): their pending `generate` calls are
-gathered into one batched forward pass per decoding step, each row with its own adapter (peft's mixed
-adapter batches), its own sampling settings and its own seeded random generator.
+decoded together, one batched forward pass per decoding step, each row with its own adapter (peft's mixed
+adapter batches), its own sampling settings and its own seeded random generator (so a seeded call samples
+the same tokens whatever else is in its batch).
 
-Batch composition is deterministic: a batch is formed when the event loop has gone quiet (every episode
-in flight is waiting on the engine or finished), so a seeded run samples the same tokens every time.
-A call whose caller is cancelled before its batch forms is dropped; one cancelled mid-decode leaves its
+Two schedules:
+- fixed batches (the default; training rollouts): a batch is formed when the event loop has gone quiet
+  (every episode in flight is waiting on the engine or finished) and decoded to its end on the loop, so
+  batch composition, and with it every float, is the same on every run;
+- continuous batching (`decode_in_thread`; serving): decoding runs in a worker thread one step at a time;
+  before every step the calls that arrived meanwhile are prefilled and join the running batch (per-row KV
+  cache, serving/embedded_cache.py), and a finished row leaves at once. Adapters are loaded and unloaded
+  between steps; one that running rows use changes once they have finished.
+A call whose caller is cancelled before it joins a batch is dropped; one cancelled mid-decode leaves its
 batch at the next step (serving/embedded_decode.py).
 
-This module queues the calls and forms the batches; the rest is split by job:
+This module queues the calls and schedules the batches; the rest is split by job:
 serving/embedded_model.py (loading a base model), serving/embedded_adapters.py (named LoRA adapters),
-serving/embedded_decode.py (the decoding loop), serving/embedded_sampling.py (per-row sampling),
-serving/embedded_scoring.py (exact log-probs of given tokens).
+serving/embedded_decode.py (prefill, decoding steps, rows joining and leaving), serving/embedded_cache.py
+(joining KV caches), serving/embedded_sampling.py (per-row sampling), serving/embedded_scoring.py (exact
+log-probs of given tokens).
+
+Over 300 lines on purpose: the engine's public surface (models, adapters, scoring, generation) and its two
+schedulers share the queues, locks and counters kept here.
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
 from teamtr.serving import embedded_adapters as adapters_
 from teamtr.serving.devices import DtypeSpec, resolve_device, resolve_dtype
 from teamtr.serving.embedded_adapters import LoraSettings
-from teamtr.serving.embedded_decode import CANCELLED, DecodeRequest, decode_batch
+from teamtr.serving.embedded_decode import CANCELLED, DecodeRequest, RunningBatch, decode_batch
 from teamtr.serving.embedded_model import LoadedBase, load_tokenizer, set_torch_threads
 from teamtr.serving.embedded_scoring import token_logprobs
 
@@ -61,9 +72,10 @@ class EmbeddedEngine:
         `device`: auto | cpu | cuda | cuda:K; `dtype`: auto | float32 | bfloat16 | float16 (or a torch
         dtype). auto = the first GPU in bfloat16 when torch sees one, else the CPU in float32
         (serving/devices.py); a GPU asked for where there is none fails here, before any model loads.
-        `decode_in_thread`: decode in a worker thread so requests arriving mid-decode join the next batch
-        (serving); batch composition then depends on timing, so seeded runs are no longer bit-identical.
-        Off by default: training rollouts want reproducible batches."""
+        `decode_in_thread`: continuous batching in a worker thread (serving): calls arriving mid-decode join
+        at the next step. Batch composition then depends on timing: a seeded call samples the same tokens,
+        its log-probs can move in float32's last bits. Off by default: training rollouts want reproducible
+        batches."""
         set_torch_threads(threads)
         if not isinstance(bases, dict):
             bases = {DEFAULT_BASE: bases}
@@ -76,13 +88,18 @@ class EmbeddedEngine:
         self.lora = lora or LoraSettings()
         self.max_batch = max_batch
         self.decode_in_thread = decode_in_thread
-        self._locks: dict[str, asyncio.Lock] = {}  # per base: decoding vs adapter load/unload
         self._pending: dict[str, list[DecodeRequest]] = {b: [] for b in self._bases}
         self._workers: dict[str, asyncio.Task] = {}
+        # continuous batching (decode_in_thread): per base, the rows being decoded, a lock + condition
+        # (decoding steps vs adapter changes) and the adapters being changed (their calls wait)
+        self._running = {name: RunningBatch(b, self._count_step) for name, b in self._bases.items()}
+        self._conditions: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Condition]] = {}
+        self._held: dict[str, dict[str, int]] = {b: {} for b in self._bases}
         # Counters (cumulative; for tests, benchmarks and metrics)
         self.forward_batches = 0  # decoding forward passes run (a batched step counts once)
         self.decoded_rows = 0  # rows those passes computed (a batch of 8 decoding 3 steps: 24)
-        self.decode_batches = 0  # batches of generate calls decoded together
+        self.decode_batches = 0  # batches of generate calls decoded together (prefilled together)
+        self.joined_running = 0  # calls that joined a batch already decoding (continuous batching)
         self.generate_calls = 0
         self.cancelled_calls = 0  # calls whose caller went away before the result: dropped or cut short
         # Called with the number of rows after every decoding forward pass (in the decoding thread when
@@ -133,19 +150,11 @@ class EmbeddedEngine:
         """Load a peft adapter dir under `name` (replacing an adapter of that name); bumps its version."""
         adapters_.load_adapter(self._base(base), name, path)
 
-    def _lock(self, base: str) -> asyncio.Lock:
-        lock = self._locks.get(base)
-        if lock is None:
-            lock = self._locks[base] = asyncio.Lock()
-        return lock
-
     async def load_adapter(self, name: str, path: str, base: str = DEFAULT_BASE) -> None:
-        async with self._lock(base):  # never change the model under a decode running in a thread
-            self.load_adapter_sync(name, path, base)
+        await self._change_adapter(name, base, lambda: self.load_adapter_sync(name, path, base))
 
     async def unload_adapter(self, name: str, base: str = DEFAULT_BASE) -> None:
-        async with self._lock(base):
-            adapters_.unload_adapter(self._base(base), name)
+        await self._change_adapter(name, base, lambda: adapters_.unload_adapter(self._base(base), name))
 
     def save_adapter(self, name: str, out_dir: str | Path, base: str = DEFAULT_BASE) -> Path:
         """peft's standard format (adapter_config.json + adapter_model.safetensors) in `out_dir`."""
@@ -219,7 +228,8 @@ class EmbeddedEngine:
         self.generate_calls += 1
         worker = self._workers.get(base)
         if worker is None or worker.done() or worker.get_loop() is not loop:
-            self._workers[base] = loop.create_task(self._worker(base))
+            worker_loop = self._continuous_worker if self.decode_in_thread else self._worker
+            self._workers[base] = loop.create_task(worker_loop(base))
         await req.future  # cancelling the caller cancels this future: the worker drops the call
         return Generation(
             prompt_ids=req.prompt_ids,
@@ -239,6 +249,8 @@ class EmbeddedEngine:
         self.cancelled_calls += len(pending) - len(live)
         pending[:] = live
 
+    # ---- fixed batches (training rollouts) --------------------------------------------------------------
+
     async def _worker(self, base: str) -> None:
         """Gather pending calls until the event loop is quiet, then decode them as one batch."""
         pending = self._pending[base]
@@ -253,24 +265,119 @@ class EmbeddedEngine:
             if not batch:
                 continue
             try:
-                if self.decode_in_thread:
-                    async with self._lock(base):
-                        await asyncio.to_thread(self._decode, self._base(base), batch)
-                else:
-                    self._decode(self._base(base), batch)
+                self._decode(self._base(base), batch)
             except Exception as e:  # fail the callers, keep the engine alive
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(e)
+                self._fail(batch, e)
                 continue
-            for r in batch:
-                if not r.future.done():
-                    r.future.set_result(None)
+            self._finish(batch)
 
     def _decode(self, b: LoadedBase, batch: list[DecodeRequest]) -> None:
         self.decode_batches += 1
         decode_batch(b, batch, self._count_step)
         self.cancelled_calls += sum(r.finish_reason == CANCELLED for r in batch)
+
+    # ---- continuous batching (serving) ------------------------------------------------------------------
+
+    async def _continuous_worker(self, base: str) -> None:
+        """Decode in a thread, one step at a time; before each step, the calls that arrived meanwhile are
+        prefilled and join the running batch, and after it the finished rows leave and are answered."""
+        b, pending, cond = self._base(base), self._pending[base], self._condition(base)
+        while pending or self._running[base]:
+            running = self._running[base]
+            async with cond:  # adapters change only between steps (serving/embedded.py _change_adapter)
+                self._drop_cancelled(pending)
+                group = self._admissible(base, running)
+                if not group and not running:
+                    if pending:  # only calls for an adapter being changed: wait until it is
+                        await cond.wait()
+                    continue
+                if group:
+                    self.decode_batches += 1
+                    self.joined_running += len(group) if running else 0
+                try:
+                    finished, gone = await asyncio.to_thread(self._advance, b, running, group)
+                except Exception as e:  # fail the callers, keep the engine alive
+                    self._fail(list({id(r): r for r in running.rows + group}.values()), e)
+                    self._running[base] = RunningBatch(b, self._count_step)
+                    cond.notify_all()
+                    continue
+                self.cancelled_calls += gone
+                cond.notify_all()
+            self._finish(finished)
+
+    def _admissible(self, base: str, running: RunningBatch) -> list[DecodeRequest]:
+        """Take the pending calls that may join `running` now: up to max_batch rows, none for an adapter
+        being changed; a call for an unknown adapter fails alone."""
+        if not running.joinable():  # a cache that cannot be joined (serving/embedded_cache.py)
+            return []
+        b, pending, held = self._base(base), self._pending[base], self._held[base]
+        group, waiting = [], []
+        for r in pending:
+            if r.adapter is not None and r.adapter not in b.versions and r.adapter not in held:
+                r.future.set_exception(KeyError(f"unknown adapter {r.adapter!r}; have {b.adapter_names()}"))
+            elif len(running) + len(group) < self.max_batch and r.adapter not in held:
+                group.append(r)
+            else:
+                waiting.append(r)
+        pending[:] = waiting
+        return group
+
+    def _advance(
+        self, b: LoadedBase, running: RunningBatch, group: list[DecodeRequest]
+    ) -> tuple[list[DecodeRequest], int]:
+        """One iteration (in the decoding thread): cancelled rows leave, `group` is prefilled and joins,
+        every row decodes a token. Returns the rows that finished and how many rows were cancelled."""
+        gone = running.drop_cancelled()
+        finished: list[DecodeRequest] = []
+        if group:
+            newcomers = RunningBatch.prefill(b, group, self._count_step)
+            finished += newcomers.take_finished()
+            if newcomers:
+                running.join(newcomers)
+        if running:
+            running.step()
+            finished += running.take_finished()
+        return finished, gone
+
+    async def _change_adapter(self, name: str, base: str, change: Callable[[], None]) -> None:
+        """Run `change` between two decoding steps, once no running row uses adapter `name` (calls for it
+        wait meanwhile): a generation never mixes two versions of its adapter."""
+        if not self.decode_in_thread:
+            change()  # decoding runs on this loop: never under a change
+            return
+        held, cond = self._held[base], self._condition(base)
+        held[name] = held.get(name, 0) + 1
+        async with cond:
+            try:
+                await cond.wait_for(lambda: name not in self._running[base].adapters())
+                change()
+            finally:
+                held[name] -= 1
+                if not held[name]:
+                    del held[name]
+                cond.notify_all()
+
+    def _condition(self, base: str) -> asyncio.Condition:
+        """The base's lock (with its condition), made for the running event loop."""
+        loop = asyncio.get_running_loop()
+        made = self._conditions.get(base)
+        if made is None or made[0] is not loop:
+            made = self._conditions[base] = (loop, asyncio.Condition())
+        return made[1]
+
+    # ---- answers and counters ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _fail(requests: list[DecodeRequest], error: Exception) -> None:
+        for r in requests:
+            if not r.future.done():
+                r.future.set_exception(error)
+
+    @staticmethod
+    def _finish(requests: list[DecodeRequest]) -> None:
+        for r in requests:
+            if not r.future.done():
+                r.future.set_result(None)
 
     def _count_step(self, rows: int) -> None:
         self.forward_batches += 1

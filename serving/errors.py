@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from teamtr.serving.protocol import ErrorResponse, error_body
+from teamtr.serving.vllm_http import VLLMRequestError
 
 # OpenAI's error type for each status a route can answer besides 400 (invalid_request_error) and 500
 TYPE_OF_STATUS = {
@@ -109,6 +110,27 @@ async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
     )
 
 
+async def _engine_error(request: Request, e: VLLMRequestError) -> JSONResponse:
+    """vLLM gone (no HTTP answer) or failing (5xx): 503, the engine is unavailable; anything else from
+    vLLM is a crash of ours (500)."""
+    if e.status_code == 0 or e.status_code >= 500:
+        return error_response(503, f"the engine is unavailable: {e}", "server_error", code="engine_unavailable")
+    return await _crash(request, e)
+
+
+async def _group(request: Request, e: ExceptionGroup) -> JSONResponse:
+    """A request's episodes run in a TaskGroup (serving/service.py): answer its first error as if it had
+    been raised alone."""
+    first: BaseException = e
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    if isinstance(first, APIError):
+        return await _api_error(request, first)
+    if isinstance(first, VLLMRequestError):
+        return await _engine_error(request, first)
+    return await _crash(request, first if isinstance(first, Exception) else e)
+
+
 async def _crash(_: Request, e: Exception) -> JSONResponse:
     return error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
@@ -117,4 +139,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
+    app.add_exception_handler(VLLMRequestError, _engine_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ExceptionGroup, _group)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _crash)

@@ -156,9 +156,10 @@ class TeamTracer:
         if turn.invalid_tool_calls:
             attributes[TURN_INVALID_TOOL_CALLS] = json.dumps(turn.invalid_tool_calls)
         if self.capture_tokens:
-            attributes[TURN_PROMPT_IDS] = tuple(int(i) for i in turn.prompt_ids)
-            attributes[TURN_COMPLETION_IDS] = tuple(int(i) for i in turn.completion_ids)
-            attributes[TURN_LOGPROBS] = tuple(float(x) for x in turn.logprobs)
+            # map, not a generator: a prompt's ids are hundreds of ints, converted on the event loop
+            attributes[TURN_PROMPT_IDS] = tuple(map(int, turn.prompt_ids))
+            attributes[TURN_COMPLETION_IDS] = tuple(map(int, turn.completion_ids))
+            attributes[TURN_LOGPROBS] = tuple(map(float, turn.logprobs))
             if turn.temperature is not None:
                 attributes[TURN_TEMPERATURE] = float(turn.temperature)
             if turn.top_p is not None:

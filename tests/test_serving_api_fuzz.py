@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from serving_fixtures import make_run_dir, serve_in_background
 
@@ -78,3 +79,58 @@ def test_no_input_gets_a_server_error(fuzz_server):
     assert any(400 <= s < 500 for s in seen.values()) and any(s == 200 for s in seen.values())
     assert ran_team, "no generated request reached the team"
     assert httpx.get(fuzz_server.url + "/health").status_code == 200  # still serving
+
+
+# the fields issue 16 added (sampling honoured or refused, deadlines, streaming options), each drawn from
+# valid values, wrong types and edge values alike
+ANY_JSON = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.lists(st.text(max_size=4), max_size=5),
+    st.dictionaries(st.text(max_size=8), st.booleans(), max_size=2),
+)
+NEW_FIELDS = {
+    "temperature": st.one_of(st.floats(-1, 3), ANY_JSON),
+    "top_p": st.one_of(st.floats(-0.5, 1.5), ANY_JSON),
+    "max_tokens": st.one_of(st.integers(-2, 40), ANY_JSON),
+    "max_completion_tokens": st.one_of(st.integers(-2, 40), ANY_JSON),
+    "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=6), ANY_JSON),
+    "seed": st.one_of(st.integers(-(2**64), 2**64), ANY_JSON),
+    "n": st.one_of(st.integers(-1, 12), ANY_JSON),
+    "timeout": st.one_of(st.floats(-1, 1e9), ANY_JSON),
+    "stream": st.one_of(st.booleans(), ANY_JSON),
+    "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": ANY_JSON}), ANY_JSON),
+}
+
+
+def test_the_new_request_fields_never_get_a_server_error(fuzz_server):
+    seen: list[int] = []
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(fields=st.fixed_dictionaries({}, optional=NEW_FIELDS))
+    def call(fields):
+        body = {"model": "chain", "messages": [{"role": "user", "content": "1+2+3"}], **fields}
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        with httpx.stream(
+            "POST", fuzz_server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+        ) as r:
+            r.read()
+        seen.append(r.status_code)
+        assert r.status_code < 500, (fields, r.text[:300])
+        if r.status_code >= 400:
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        elif r.headers["content-type"].startswith("text/event-stream"):
+            assert r.text.rstrip().endswith("data: [DONE]")
+            assert '"server_error"' not in r.text, (fields, r.text[-300:])  # no crash reported in-band
+
+    call()
+    assert 200 in seen and any(400 <= s < 500 for s in seen)
