@@ -119,8 +119,12 @@ def test_stage_certificate_is_the_sum_of_its_update_terms(tiny_model, tmp_path):
     updates, stages = read_metrics(cfg.run_dir, "update"), read_metrics(cfg.run_dir, "stage")
     assert [s["stage"] for s in stages] == [0, 1]
     for s in stages:
-        terms = [u["certificate"]["value"] for u in updates if u["stage"] == s["stage"]]
-        assert len(terms) == 3 and s["certificate"] == sum(terms)
+        mine = [u["certificate"] for u in updates if u["stage"] == s["stage"]]
+        terms = [c["value"] for c in mine]
+        assert len(terms) == 3 and s["certificate_forms"]["proxy"] == sum(terms)
+        # the headline certificate is the held-out form that applies: the chain roles speak once each
+        assert s["certificate_forms"]["headline"] == s["certificate_forms"]["form"] == "speak_once"
+        assert s["certificate"] == s["certificate_forms"]["heldout"] == sum(c["speak_once"] for c in mine)
         assert s["realised_improvement"] == s["eval_after"] - s["eval_before"]
     for u in updates:  # each term is L_hat - c sqrt(max(d_hat, 0)) - zeta_hat / (1 - gamma) of its update
         c = u["certificate"]
