@@ -77,7 +77,7 @@ def analyse(cfg: Any, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "accuracy": warm["accuracy"],
                 "ci95": interval(bootstrap_mean(w, cfg.bootstrap, rng)),
             }
-            mats: dict[str, np.ndarray] = {}
+            by_seed: dict[str, dict[int, list[float]]] = {}  # arm -> seed -> rewards, for the pairing
             for arm in ARMS:
                 recs = [cells.get(cell_key(task, n, s, arm)) for s in range(cfg.seeds)]
                 recs = [r for r in recs if r is not None]
@@ -85,7 +85,7 @@ def analyse(cfg: Any, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 if not recs:
                     continue
                 m = np.array([r["rewards"] for r in recs])
-                mats[arm] = m
+                by_seed[arm] = {r["seed"]: r["rewards"] for r in recs}
                 stale = [g for r in recs for g in r["stale_gap"]]
                 occ = [g for r in recs for g in r["occupancy_divergence"]]
                 row[arm] = {
@@ -100,9 +100,13 @@ def analyse(cfg: Any, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
                     "seconds": float(np.sum([r["seconds"] for r in recs])),
                 }
             for label, arm in COMPARISONS.items():
-                if "teamtr" in mats and arm in mats:
-                    k = min(len(mats["teamtr"]), len(mats[arm]))  # seeds done in both
-                    row[f"diff {label}"] = paired(mats["teamtr"][:k], mats[arm][:k], cfg.bootstrap, rng)
+                both = sorted(
+                    set(by_seed.get("teamtr", {})) & set(by_seed.get(arm, {}))
+                )  # seeds done in both
+                if both:
+                    a = np.array([by_seed["teamtr"][s] for s in both])
+                    b = np.array([by_seed[arm][s] for s in both])
+                    row[f"diff {label}"] = paired(a, b, cfg.bootstrap, rng)
             rows.append(row)
     slopes: dict[str, Any] = {}
     for task in cfg.tasks:
