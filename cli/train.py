@@ -84,12 +84,15 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="output directory"),
     compare: bool = typer.Option(False, help="warm start vs TeamTR vs naive over several seeds"),
     seeds: int = typer.Option(3, help="seeds for --compare"),
+    warm_seeds: int = typer.Option(0, help="run the demo once per warm-start seed 0..N-1 (seeds.json)"),
     config: Path | None = typer.Option(None, help="a config to start from instead of the demo's"),
 ) -> None:
     """Warm-started small team -> evaluation -> TeamTR -> evaluation -> report (summary.json)."""
-    from teamtr.training.demo import run_compare, run_demo
+    from teamtr.training.demo import run_compare, run_demo, run_demo_seeds
 
     if compare:
         run_compare(out, seeds=seeds, base_config=config, console=console)
+    elif warm_seeds:
+        run_demo_seeds(out, warm_seeds=warm_seeds, base_config=config, console=console)
     else:
         run_demo(out, base_config=config, console=console)

@@ -44,13 +44,16 @@ MAX_NEW_TOKENS = {"blocksworld": 96}
 
 
 def default_roles(
-    task: str, n_roles: int = 3, options: dict[str, Any] | None = None, trainable: bool = False
+    task: str, n_roles: int | None = None, options: dict[str, Any] | None = None, trainable: bool = False
 ) -> list[Role]:
     """The team a family is warm-started and evaluated with: the chain adders for `chain`, else
     `n_roles` generic solvers with the family's system prompt; `trainable` gives each solver its own
-    LoRA adapter (`solver1`, ...) and the family's message budget, for `teamtr train`."""
+    LoRA adapter (`solver1`, ...) and the family's message budget, for `teamtr train`. n_roles None: the
+    family option `steps` (one role per step, as the warm start builds it), else 3."""
     if task == "chain":
         return chain_roles(int((options or {}).get("steps", 3)))
+    if n_roles is None:
+        n_roles = int((options or {}).get("steps", 3))
     prompt = SYSTEM_PROMPTS.get(task, "Solve the task.")
     sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS.get(task, 32), stop=(MESSAGE_END,))
     return [

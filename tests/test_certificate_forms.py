@@ -9,6 +9,8 @@ Then a real tiny LLM team (three roles, each speaking once) logs both forms per 
 from __future__ import annotations
 
 import math
+import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from teamtr.training.certificate import (
     stage_certificate_forms,
 )
 from teamtr.training.metrics import read_metrics
+from teamtr.training.stage import ScheduleConfig, run_stage
 
 torch.set_num_threads(1)
 
@@ -104,6 +107,42 @@ def test_stage_forms_sum_the_updates_and_add_errors_in_quadrature() -> None:
     mixed = stage_certificate_forms([term(0.1, 0.03, 1), term(0.2, 0.04, 2)])
     assert mixed["form"] == "general" and mixed["heldout"] == mixed["general"]
     assert stage_certificate_forms([term(None, None, 1)])["speak_once"] is None
+
+
+class _TermTeam:
+    """A StageTeam whose updates return given certificate terms (the stage loop only sums them)."""
+
+    def __init__(self, terms: list[CertificateTerm]) -> None:
+        self.terms = iter(terms)
+
+    def rollout(self, stage: int, index: int) -> None:
+        return None
+
+    def update(self, ctx: object) -> SimpleNamespace:
+        return SimpleNamespace(certificate=next(self.terms))
+
+    def update_joint(self, stage: int, roles: list[str], batch: None) -> list[SimpleNamespace]:
+        return [SimpleNamespace(certificate=next(self.terms)) for _ in roles]
+
+
+def test_the_stage_certificate_is_the_heldout_form_that_applies_else_the_proxy() -> None:
+    def term(v: float | None, turns: int, surrogate: float) -> CertificateTerm:
+        return CertificateTerm(
+            surrogate, 0.04, 0.0, 0.0, 0.0, c=1.0, gamma=0.5, heldout_surrogate=v, heldout_se=0.01,
+            kl_heldout=0.04, horizon=2, role_turns=turns, form=certificate_form(turns),
+        )  # fmt: skip
+
+    def stage(terms: list[CertificateTerm], kind: str = "teamtr"):
+        return run_stage(_TermTeam(terms), ["a", "b"], ScheduleConfig(kind=kind), 0, random.Random(0))
+
+    once = stage([term(0.1, 1, 0.5), term(0.2, 1, 0.5)])  # every role spoke once: exact, no KL penalty
+    assert once.certificate_form == "speak_once" and once.certificate == pytest.approx(0.3)
+    twice = stage([term(0.1, 1, 0.5), term(0.2, 2, 0.5)], kind="joint")  # one role spoke twice: general
+    c_general = math.sqrt(2) * 1 * 2  # T - 1 = 1 later turn, N_j = 2
+    assert twice.certificate_form == "general"
+    assert twice.certificate == pytest.approx(0.1 - math.sqrt(2) * 0.2 + 0.2 - c_general * 0.2)
+    blind = stage([term(None, 1, 0.5), term(None, 1, 0.5)])  # no held-out episodes: the proxy
+    assert blind.certificate_form == "proxy" and blind.certificate == pytest.approx(2 * (0.5 - 0.2))
 
 
 def test_a_tiny_llm_team_logs_both_forms_per_update_and_per_stage(tmp_path) -> None:

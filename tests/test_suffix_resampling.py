@@ -146,7 +146,8 @@ def test_trainer_with_suffix_resampling_keeps_the_prefix_before_the_updated_role
     model = str(tiny_random_model(tmp_path / "model"))
     cfg = small_config(model, tmp_path / "suffix", **{"schedule.resample": "suffix"})
     updates = train(cfg)
-    full = train(small_config(model, tmp_path / "full"))
+    # the reference run resamples in full (suffix is the default)
+    full = train(small_config(model, tmp_path / "full", **{"schedule.resample": "full"}))
     resamples = read_metrics(cfg.run_dir, kind="resample")
     assert [r["mode"] for r in resamples] == ["suffix", "suffix"]
     assert [r["updated"] for r in resamples] == [["adder1"], ["adder2"]]

@@ -119,8 +119,12 @@ def test_stage_certificate_is_the_sum_of_its_update_terms(tiny_model, tmp_path):
     updates, stages = read_metrics(cfg.run_dir, "update"), read_metrics(cfg.run_dir, "stage")
     assert [s["stage"] for s in stages] == [0, 1]
     for s in stages:
-        terms = [u["certificate"]["value"] for u in updates if u["stage"] == s["stage"]]
-        assert len(terms) == 3 and s["certificate"] == sum(terms)
+        mine = [u["certificate"] for u in updates if u["stage"] == s["stage"]]
+        terms = [c["value"] for c in mine]
+        assert len(terms) == 3 and s["certificate_forms"]["proxy"] == sum(terms)
+        # the headline certificate is the held-out form that applies: the chain roles speak once each
+        assert s["certificate_forms"]["headline"] == s["certificate_forms"]["form"] == "speak_once"
+        assert s["certificate"] == s["certificate_forms"]["heldout"] == sum(c["speak_once"] for c in mine)
         assert s["realised_improvement"] == s["eval_after"] - s["eval_before"]
     for u in updates:  # each term is L_hat - c sqrt(max(d_hat, 0)) - zeta_hat / (1 - gamma) of its update
         c = u["certificate"]
@@ -300,6 +304,9 @@ def test_demo_writes_summary_and_compare_json(tiny_model, tmp_path):
         assert key in summary
     assert summary["episodes_evaluated"] == 6
     assert all(Path(p).exists() for p in summary["plots"])
+    # no stage evaluations: nothing to choose a stage by, the last stage's adapters are evaluated
+    assert summary["kept_stage"] == summary["stages"]
+    assert summary["accuracy_last_stage"] == summary["accuracy_after"]
 
     result = run_compare(tmp_path / "cmp", seeds=2, base_config=tmp_path / "demo.yaml")
     assert [r["seed"] for r in result["per_seed"]] == [0, 1]

@@ -1,7 +1,9 @@
 """The certificate (docs/training.md, "Certificate and diagnostics"; derived in docs/theory.md section 8),
-per update and per stage.
+per update and per stage. The stage's headline `certificate` is the held-out form that applies
+(speak_once when every updated role spoke at most once per episode, else general; training/stage.py),
+the proxy only when there are no held-out episodes.
 
-The proxy on the update's own batch (kept as `value`, the stage's `certificate`):
+The proxy on the update's own batch (kept as `value`; per stage `proxy`):
     c          = sqrt(2) * gamma * A_max / (1 - gamma)^2
     term_i     = L_hat_i - c * sqrt(d_hat_i) - zeta_hat_i / (1 - gamma)      (Thm 3.4, docs/theory.md)
     C_stage    = sum_i term_i                   (Thm 3.6; summed by training/stage.py `run_stage`)
@@ -135,20 +137,25 @@ def heldout_surrogate(log_ratios: Sequence[Sequence[float]], rewards: Sequence[f
 
 def stage_certificate_forms(terms: Sequence[CertificateTerm]) -> dict[str, float | str | None]:
     """Per stage: each held-out form summed over the updates (None if any update has none), the standard
-    error of the sum (held-out episodes are independent across updates), and the form that applies to
-    every update of the stage (speak_once only if it applies to each)."""
+    error of the sum (held-out episodes are independent across updates), the form that applies to
+    every update of the stage (speak_once only if it applies to each) and its sum (`heldout`), the proxy
+    sum_i term_i, and which of them is the stage's headline certificate."""
 
     def total(values: list[float | None]) -> float | None:
         return None if not values or any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
 
     ses = [t.heldout_se for t in terms]
     form = "speak_once" if terms and all(t.form == "speak_once" for t in terms) else "general"
+    heldout = total([t.general if form == "general" else t.speak_once for t in terms])
     return {
         "general": total([t.general for t in terms]),
         "speak_once": total([t.speak_once for t in terms]),
         "se": None if not ses or any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)),  # type: ignore[operator]
         "form": form,
-        "heldout": total([t.general if form == "general" else t.speak_once for t in terms]),
+        "heldout": heldout,
+        "proxy": stage_certificate(terms) if terms else None,
+        # what the stage record's `certificate` is (training/stage.py): the held-out form, else the proxy
+        "headline": form if heldout is not None else "proxy",
     }
 
 

@@ -1,8 +1,15 @@
 """`teamtr demo`: the warm-started chain team, evaluated, trained with TeamTR, evaluated again, reported.
 
 teamtr demo --out runs/demo                       summary.json, report/*.png, the run directory
+teamtr demo --warm-seeds 3 --out DIR              the demo once per warm-start seed (a differently built
+                                                  warm model each): seeds.json with every gain and its spread
 teamtr demo --compare --seeds 3 --out DIR         compare.json: warm start vs TeamTR vs naive sequential,
                                                   naive given the same rollout-token budget as TeamTR
+
+Which tasks decide what: training prompts come from `task.train_seed`; the per-stage held-out returns
+(`eval.stage_episodes`, `task.eval_seed`) are the validation set that picks the stage whose adapters the
+demo keeps (the best one; the last one unless a later stage lost return); the accuracies reported before
+and after are on `eval.final_episodes` test tasks of another seed (DEMO_TEST_SEED), never used to choose.
 """
 
 from __future__ import annotations
@@ -19,9 +26,14 @@ from rich.table import Table
 from teamtr.graphs.team import derive_seed
 from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
+from teamtr.training.metrics import read_metrics
 from teamtr.training.progress import RichCallbacks, TrainingProgress, progress_bars
 from teamtr.training.run_dir import RunDir, model_path
 from teamtr.training.trainer import Trainer, held_out_return
+
+# the final test tasks' generator seed: disjoint from task.eval_seed's stage evaluations, which choose
+# the kept stage, and from task.train_seed's training prompts
+DEMO_TEST_SEED = 3_000_017
 
 # The demo's settings (examples/demo.yaml holds the same): chosen on this 2-core machine so that the
 # whole demo, warm start included, stays within 10 minutes.
@@ -40,11 +52,21 @@ def demo_config(base_config: Path | None, **overrides: Any) -> TrainConfig:
     return cfg.with_overrides(overrides)
 
 
+def demo_model(cfg: TrainConfig, warm_seed: int = 0) -> str:
+    """`team.model`, else the task's cached warm-started model built with seed `warm_seed` (0: the
+    default one, the same as training/run_dir.py `model_path`)."""
+    if cfg.team.model or warm_seed == 0:
+        return model_path(cfg)
+    from teamtr.training.warmstart import ensure_warm_model, warm_config_for
+
+    return str(ensure_warm_model(warm_config_for(cfg.task.name, seed=warm_seed)))
+
+
 def final_accuracy(engine: EmbeddedEngine, run: RunDir) -> dict[str, Any]:
-    """Team accuracy on `eval.final_episodes` held-out tasks with the engine's current adapters."""
+    """Team accuracy on `eval.final_episodes` test tasks (DEMO_TEST_SEED) with the engine's adapters."""
     cfg = run.config
     task = run.task()
-    tasks = task.generate(cfg.eval.final_episodes, seed=cfg.task.eval_seed)
+    tasks = task.generate(cfg.eval.final_episodes, seed=DEMO_TEST_SEED)
     team = run.team(run.roles, engine, temperature=cfg.eval.temperature, name="eval")
     return held_out_return(team, task, tasks, seed=derive_seed(cfg.seed, "final-eval"))
 
@@ -56,15 +78,68 @@ def warm_start_accuracy(cfg: TrainConfig) -> dict[str, Any]:
     return final_accuracy(run.engine("fresh"), run)
 
 
-def train_and_evaluate(cfg: TrainConfig, callbacks: TrainingProgress | None = None) -> dict[str, Any]:
+def stage_returns(run_dir: Path | str) -> dict[str, Any]:
+    """The held-out (validation) return before stage 0 and after each stage, each with its binomial
+    standard error, the stages whose change is below -2 standard errors of a difference (a loss beyond
+    the noise), and the best stage (the first with the highest return; 0 = the warm start)."""
+    stages = read_metrics(Path(run_dir), kind="stage")
+    if not stages or stages[0].get("eval_before") is None:
+        return {"returns": [], "se": [], "best": len(stages), "losses_beyond_noise": []}
+    returns = [stages[0]["eval_before"]] + [s["eval_after"] for s in stages]
+    episodes = max(read_metrics(Path(run_dir), kind="eval")[0].get("episodes", 1), 1)
+    se = [(p * (1 - p) / episodes) ** 0.5 for p in returns]
+    losses = [
+        k
+        for k in range(1, len(returns))
+        if returns[k] - returns[k - 1] < -2 * (se[k] ** 2 + se[k - 1] ** 2) ** 0.5
+    ]
+    return {"returns": returns, "se": se, "best": returns.index(max(returns)), "losses_beyond_noise": losses}
+
+
+def versions_after_stage(run_dir: Path | str, stage_count: int) -> dict[str, int]:
+    """adapter -> its version once `stage_count` stages were done (0: v0, the warm start)."""
+    versions: dict[str, int] = {}
+    for u in read_metrics(Path(run_dir), kind="update"):
+        versions.setdefault(u["adapter"], 0)
+        if u["stage"] < stage_count:
+            versions[u["adapter"]] = u["version_after"]
+    return versions
+
+
+def train_and_evaluate(
+    cfg: TrainConfig, callbacks: TrainingProgress | None = None, keep_best: bool = False
+) -> dict[str, Any]:
+    """Train, then the test accuracy of the last stage's adapters, or with `keep_best` of the best stage's
+    by the stage evaluations (and of the last stage's too when they differ)."""
     t0 = time.perf_counter()
     trainer = Trainer(cfg, callbacks)
     summary = trainer.train()
-    after = final_accuracy(trainer.engine, RunDir(cfg.run_dir))
-    return {"summary": summary, "after": after, "seconds": time.perf_counter() - t0, "run_dir": cfg.run_dir}
+    run = RunDir(cfg.run_dir)
+    last = final_accuracy(trainer.engine, run)
+    stages = stage_returns(cfg.run_dir)
+    kept = stages["best"] if keep_best else summary["stages"]
+    after = last
+    if kept != summary["stages"]:
+        versions = versions_after_stage(cfg.run_dir, kept)
+        after = final_accuracy(run.engine(version=versions, threads=cfg.torch_threads), run)
+    return {
+        "summary": summary,
+        "after": after,
+        "last": last,
+        "kept_stage": kept,
+        "stages": stages,
+        "seconds": time.perf_counter() - t0,
+        "run_dir": cfg.run_dir,
+    }
 
 
-def run_demo(out: Path, base_config: Path | None = None, console: Console | None = None) -> dict[str, Any]:
+def run_demo(
+    out: Path,
+    base_config: Path | None = None,
+    console: Console | None = None,
+    warm_seed: int = 0,
+    keep_best: bool = True,
+) -> dict[str, Any]:
     from teamtr.training.report import write_report
 
     console = console or Console()
@@ -72,7 +147,7 @@ def run_demo(out: Path, base_config: Path | None = None, console: Console | None
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     cfg = demo_config(base_config, run_dir=str(run_dir))
-    model = model_path(cfg)  # builds (or reuses) the cached warm-started model
+    model = demo_model(cfg, warm_seed)  # builds (or reuses) the cached warm-started model
     cfg = cfg.with_overrides({"team.model": model})
     console.print(f"warm-started model: {model}")
     before = warm_start_accuracy(cfg)
@@ -80,14 +155,22 @@ def run_demo(out: Path, base_config: Path | None = None, console: Console | None
         f"warm start: held-out team accuracy {before['accuracy']:.1%} ({before['episodes']} episodes)"
     )
     with progress_bars() as progress:
-        result = train_and_evaluate(cfg, RichCallbacks(progress, roles_per_stage=0))
+        result = train_and_evaluate(cfg, RichCallbacks(progress, roles_per_stage=0), keep_best=keep_best)
     after = result["after"]
     plots = write_report([run_dir], out / "report")
     summary = {
+        "warm_seed": warm_seed,
+        "model": model,
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
         "improvement": after["accuracy"] - before["accuracy"],
         "episodes_evaluated": after["episodes"],
+        # the adapters evaluated: those after `kept_stage` stages (the best by the stage evaluations)
+        "kept_stage": result["kept_stage"],
+        "accuracy_last_stage": result["last"]["accuracy"],
+        "stage_returns": result["stages"]["returns"],
+        "stage_return_se": result["stages"]["se"],
+        "stages_losing_beyond_noise": result["stages"]["losses_beyond_noise"],
         "eval_temperature": cfg.eval.temperature,
         "stages": result["summary"]["stages"],
         "updates": result["summary"]["updates"],
@@ -102,7 +185,14 @@ def run_demo(out: Path, base_config: Path | None = None, console: Console | None
     table.add_column("team")
     table.add_column("accuracy", justify="right")
     table.add_row("warm start", f"{before['accuracy']:.1%}")
-    table.add_row("after TeamTR", f"{after['accuracy']:.1%}")
+    label = (
+        "after TeamTR"
+        if result["kept_stage"] == summary["stages"]
+        else f"after stage {result['kept_stage']} (best)"
+    )
+    table.add_row(label, f"{after['accuracy']:.1%}")
+    if result["kept_stage"] != summary["stages"]:
+        table.add_row(f"after the last stage ({summary['stages']})", f"{result['last']['accuracy']:.1%}")
     console.print(table)
     console.print(f"{after['episodes']} held-out episodes each; {summary['seconds']:.0f} s in all")
     console.print(
@@ -113,6 +203,42 @@ def run_demo(out: Path, base_config: Path | None = None, console: Console | None
 
 def _mean_std(xs: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def run_demo_seeds(
+    out: Path, warm_seeds: int = 3, base_config: Path | None = None, console: Console | None = None
+) -> dict[str, Any]:
+    """The demo once per warm-start seed 0..warm_seeds-1 (out/warm-seed<s>); seeds.json: every seed's
+    summary, the mean and std of each accuracy and gain, the smallest gain."""
+    console = console or Console()
+    out.mkdir(parents=True, exist_ok=True)
+    per_seed = [
+        run_demo(out / f"warm-seed{s}", base_config=base_config, console=console, warm_seed=s)
+        for s in range(warm_seeds)
+    ]
+    result = {
+        "per_seed": per_seed,
+        **{
+            k: _mean_std([r[k] for r in per_seed])
+            for k in ("accuracy_before", "accuracy_after", "improvement", "seconds")
+        },
+        "min_improvement": min(r["improvement"] for r in per_seed),
+    }
+    (out / "seeds.json").write_text(json.dumps(result, indent=1))
+    table = Table(title=f"TeamTR demo over {warm_seeds} warm-start seeds (test tasks)")
+    for col in ("warm seed", "warm start", "after", "gain", "kept stage", "seconds"):
+        table.add_column(col)
+    for r in per_seed:
+        table.add_row(
+            str(r["warm_seed"]), f"{r['accuracy_before']:.1%}", f"{r['accuracy_after']:.1%}",
+            f"{100 * r['improvement']:+.1f}", f"{r['kept_stage']}/{r['stages']}", f"{r['seconds']:.0f}",
+        )  # fmt: skip
+    console.print(table)
+    imp = result["improvement"]
+    console.print(
+        f"gain {100 * imp['mean']:+.1f} +- {100 * imp['std']:.1f} points; seeds.json: {out / 'seeds.json'}"
+    )
+    return result
 
 
 def run_compare(

@@ -25,10 +25,17 @@ def update_line(r: dict[str, Any]) -> str:
     back = f" ({r['backtracks']} backtracks)" if r["backtracks"] else ""
     gap = f" stale-gap {r['stale_gap']:.3f}" if r.get("stale_gap") is not None else ""
     ess = f" ESS/B {r['ess']:.2f}" if r.get("ess") is not None else ""
+    c = r["certificate"]
+    # the held-out form that applies when the monitor sampled held-out episodes, else the proxy term
+    cert = (
+        f"cert {c['heldout']:+.4f} ({c['form']})"
+        if c.get("heldout") is not None
+        else f"cert {c['value']:+.3f} (proxy)"
+    )
     return (
         f"stage {r['stage']} update {r['index']} [bold]{r['role']}[/] reward {r['reward']:.3f} "
         f"d_hat {r['d_hat']:.4f}/{r['delta']:g} {verdict}{back} L_hat {r['certificate']['surrogate']:+.4f} "
-        f"cert {r['certificate']['value']:+.3f}{gap}{ess}"
+        f"{cert}{gap}{ess}"
     )
 
 

@@ -2,7 +2,7 @@
 
 return_per_stage.png        held-out team return before stage 0 and after every stage (runs overlaid)
 kl_per_update.png           d_hat of every update against delta (rejected updates marked)
-certificate_vs_improvement.png  stage certificate proxy vs realised improvement (+ rank correlation)
+certificate_vs_improvement.png  stage certificate vs realised improvement (+ rank correlation)
 stale_gap.png               stale gap by update index i within the stage (i >= 2)
 """
 
@@ -110,7 +110,7 @@ def _certificate_vs_improvement(runs: dict, path: Path) -> Path:
         tag = f" (Spearman {rho:.2f})" if rho is not None else ""
         ax.scatter(xs, ys, label=name + tag)
     ax.axhline(0, color="gray", lw=0.8)
-    ax.set_xlabel("stage certificate proxy C")
+    ax.set_xlabel("stage certificate C (held-out form; proxy without held-out episodes)")
     ax.set_ylabel("realised improvement (held-out return)")
     ax.set_title("Certificate vs realised improvement")
     ax.grid(alpha=0.3)

@@ -7,7 +7,9 @@ the LLM teams of the trainer plug into the same loop through `StageTeam`.
         ROLLOUT   under the current intermediate team pi^(i-1)        (schedule decides: fresh or stale)
         OPTIMISE  agent j inside its trust region on that batch; swap j's accepted weights in
                   (one update: training/teamtr_step.py `teamtr_step` for LLM teams)
-      LOG stage certificate C = sum_i term_i  (docs/training.md (C))    (StageRecord.certificate)
+      LOG stage certificate C  (docs/training.md (C))                    (StageRecord.certificate)
+          the held-out form that applies (training/certificate.py): speak_once = sum_i L_ho_i when every
+          updated role spoke at most once per episode, else general; the proxy sum_i term_i without them
 
 The schedule is a parameter, not a copy per variant:
   teamtr                resample after every update (intermediate occupancy)
@@ -28,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeVar
 
-from teamtr.training.certificate import CertificateTerm, stage_certificate
+from teamtr.training.certificate import CertificateTerm, stage_certificate, stage_certificate_forms
 
 Batch = TypeVar("Batch")
 
@@ -49,9 +51,9 @@ class ScheduleConfig:
     # for naive runs that are compared at equal token budgets.
     diagnose_stale_gap: bool = False
     # teamtr's resample: `full` samples every episode again; `suffix` re-samples each episode of the
-    # previous batch from the first message of a role updated since (same distribution, fewer tokens).
-    # `full` stays the default so seeded runs keep their numbers.
-    resample: ResampleKind = "full"
+    # previous batch from the first message of a role updated since: the same distribution (exact lab and
+    # a two-sample test, docs/training.md) for fewer rollout tokens, hence the default.
+    resample: ResampleKind = "suffix"
 
     def __post_init__(self) -> None:
         if self.kind not in ("teamtr", "naive", "joint", "importance_weighting"):
@@ -96,12 +98,24 @@ class StageRecord(Generic[U]):
     order: list[str]
     updates: list[U] = field(default_factory=list)  # what StageTeam.update returned, in order
     rollouts: int = 0  # rollout batches sampled this stage
-    certificate: float | None = None  # C_stage = sum_i term_i; None when the team logs no terms
+    # C_stage: the held-out form that applies (speak_once or general), else the proxy sum_i term_i;
+    # None when the team logs no terms (the exact teams, whose bounds are checked exactly instead)
+    certificate: float | None = None
+    certificate_form: str | None = None  # "speak_once", "general" or "proxy": which C_stage is
 
 
-def _stage_certificate(updates: list[U]) -> float | None:
+def _stage_certificate(updates: list[U]) -> tuple[float | None, str | None]:
+    """The stage's headline certificate and its form: the held-out form of training/certificate.py
+    `stage_certificate_forms` (speak_once iff every update's role spoke at most once per episode, which is
+    exact there, docs/theory.md section 3b; general otherwise), or the proxy when an update has no
+    held-out episodes (trust_region.monitor_episodes: 0)."""
     terms = [u.certificate for u in updates]
-    return None if any(t is None for t in terms) else stage_certificate(terms)
+    if not terms or any(t is None for t in terms):
+        return None, None
+    forms = stage_certificate_forms(terms)  # type: ignore[arg-type]
+    if forms["heldout"] is not None:
+        return forms["heldout"], str(forms["form"])  # type: ignore[return-value]
+    return stage_certificate(terms), "proxy"  # type: ignore[arg-type]
 
 
 class StageTeam(Protocol[Batch, U]):
@@ -150,7 +164,7 @@ def run_stage(
     record.rollouts += 1
     if cfg.kind == "joint":
         record.updates = team.update_joint(stage, sigma, stage_start_batch)
-        record.certificate = _stage_certificate(record.updates)
+        record.certificate, record.certificate_form = _stage_certificate(record.updates)
         return record
 
     batch, fresh = stage_start_batch, True
@@ -182,5 +196,5 @@ def run_stage(
             fresh_batch=fresh_batch,
         )
         record.updates.append(team.update(ctx))
-    record.certificate = _stage_certificate(record.updates)  # LOG (C): C = sum_i term_i
+    record.certificate, record.certificate_form = _stage_certificate(record.updates)  # LOG (C)
     return record

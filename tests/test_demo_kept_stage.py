@@ -1,0 +1,41 @@
+"""training/demo.py's choice of the kept stage, from a run's metrics: the best validation return (the
+first of equals; 0 = the warm start), the adapter versions after that many stages, and the stages that
+lost return beyond the noise of two binomial estimates."""
+
+from __future__ import annotations
+
+from teamtr.training.demo import stage_returns, versions_after_stage
+from teamtr.training.metrics import MetricsLog
+
+
+def write_run(path, returns: list[float], episodes: int = 100) -> None:
+    log = MetricsLog(path, tensorboard=False)
+    log.log("eval", 0, stage=-1, accuracy=returns[0], episodes=episodes)
+    version = {"a": 0, "b": 0}
+    step = 0
+    for stage, (before, after) in enumerate(zip(returns, returns[1:], strict=False)):
+        for role in ("a", "b"):
+            accepted = not (stage == 1 and role == "b")  # one rejected update keeps its version
+            version[role] += accepted
+            step += 1
+            log.log("update", step, stage=stage, adapter=role, accepted=accepted, version_after=version[role])
+        log.log("stage", step, stage=stage, eval_before=before, eval_after=after)
+    log.close()
+
+
+def test_the_best_stage_is_kept_with_its_versions(tmp_path):
+    write_run(tmp_path, [0.30, 0.45, 0.50, 0.50, 0.30])
+    stages = stage_returns(tmp_path)
+    assert stages["returns"] == [0.30, 0.45, 0.50, 0.50, 0.30]
+    assert stages["best"] == 2  # the first of the two best stages
+    assert stages["se"][0] == (0.3 * 0.7 / 100) ** 0.5
+    assert stages["losses_beyond_noise"] == [4]  # 0.50 -> 0.30 on 100 episodes each: beyond 2 SE
+    assert versions_after_stage(tmp_path, 0) == {"a": 0, "b": 0}  # the warm start
+    assert versions_after_stage(tmp_path, 2) == {"a": 2, "b": 1}  # b's stage-1 update was rejected
+    assert versions_after_stage(tmp_path, 4) == {"a": 4, "b": 3}
+
+
+def test_a_run_that_only_falls_keeps_the_warm_start(tmp_path):
+    write_run(tmp_path, [0.50, 0.48, 0.47])
+    stages = stage_returns(tmp_path)
+    assert stages["best"] == 0 and stages["losses_beyond_noise"] == []  # small drops are within noise
