@@ -36,12 +36,16 @@ def write_versions(
     scale: float = 0.3,
 ) -> Path:
     """RUN_DIR/adapters/<role>/v<k>/ for k in `versions` (the layout the trainer writes)."""
-    engine = EmbeddedEngine(
-        model_dir,
-        adapters={r: None for r in roles},
-        threads=1,
-        lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=target_modules),
-    )
+    # peft draws the LoRA A matrices from the global generator: seed it, so a test's adapters do not
+    # depend on which tests ran before it
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        engine = EmbeddedEngine(
+            model_dir,
+            adapters={r: None for r in roles},
+            threads=1,
+            lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=target_modules),
+        )
     for k in versions:
         torch.manual_seed(1000 * k)
         with torch.no_grad():
