@@ -16,8 +16,10 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    turn's prompt ids, adapter and seed, turn after turn per episode, all episodes at once) sent straight
    to the same engine; tokens/s of each and their ratio (the cost of LangGraph, LangChain and capture
    when vLLM decodes; goal >= 0.9).
-3. one TeamTR stage with `rollout.engine: vllm` attached to the server (3 updates of the team in
-   benchmarks' task `chain`, `--stage-prompts` x `--stage-group` episodes per rollout): wall time split
+3. one TeamTR stage with `rollout.engine: vllm` attached to the server: examples/smollm2_team.yaml's
+   team and task and update settings (2 roles, 2 updates), `--stage-prompts` x `--stage-group` episodes
+   per rollout, 8 held-out evaluation episodes before and after (run from the repository root, where
+   `examples.smollm2_team` imports): wall time split
    into rollout (vLLM sampling), scoring (the trainer's no-grad log-probs: pi_cur of the batch, the
    trust-region monitor, vLLM-vs-trainer gaps), update (the optimiser's epochs and the rest of the
    update), adapter push (save is in update; the push is the /v1/load_lora_adapter call) and evaluation.
@@ -220,8 +222,15 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
         {
             "run_dir": str(work / "stage-run"),
             "stages": 1,
-            "task": {"name": "chain"},
-            "team": {"model": str(model_dir), "device": "cpu", "lora_rank": 8},
+            # the example's team and task (examples/smollm2_team.py): a stage with rewards that vary
+            "task": {"name": "sum_of_two", "data": "examples.smollm2_team:task_family"},
+            "team": {
+                "model": str(model_dir),
+                "roles": "examples.smollm2_team:roles",
+                "device": "cpu",
+                "lora_rank": 8,
+                "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            },
             "schedule": {"kind": "teamtr"},
             "rollout": {
                 "engine": "vllm",
@@ -229,8 +238,8 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
                 "prompts_per_update": args.stage_prompts,
                 "group_size": args.stage_group,
             },
-            "optim": {"lr": 1e-3, "epochs": 1, "minibatch_messages": 16},
-            "trust_region": {"monitor_episodes": 0},
+            "optim": {"lr": 1e-3, "epochs": 2, "minibatch_messages": 16},
+            "trust_region": {"delta": 0.1, "monitor_episodes": 0},
             "eval": {"stage_episodes": 0, "final_episodes": 8},
         }
     )

@@ -64,13 +64,13 @@ def roles() -> list[Role]:
             "solver",
             "Add the numbers. Write the sum, e.g. 3+4 = 7.",
             adapter="solver",
-            sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
+            sampling=SamplingParams(temperature=0.5, max_new_tokens=24),
         ),
         Role(
             "checker",
             "Check the sum above. State the correct sum, e.g. The sum is 7.",
             adapter="checker",
-            sampling=SamplingParams(temperature=1.0, max_new_tokens=16),
+            sampling=SamplingParams(temperature=0.5, max_new_tokens=16),
         ),
     ]
 
