@@ -97,7 +97,9 @@ def report(run_dir: Path) -> list[dict]:
     rows = []
     for label, accuracy in points:
         lo, hi = wilson(accuracy * n, n)
-        rows.append({"when": label, "accuracy": accuracy, "episodes": n, "ci95": [round(lo, 3), round(hi, 3)]})
+        rows.append(
+            {"when": label, "accuracy": accuracy, "episodes": n, "ci95": [round(lo, 3), round(hi, 3)]}
+        )
     return rows
 
 
