@@ -18,11 +18,12 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    when vLLM decodes; goal >= 0.9).
 3. one TeamTR stage with `rollout.engine: vllm` attached to the server: examples/smollm2_team.yaml's
    team and task and update settings (2 roles, 2 updates), `--stage-prompts` x `--stage-group` episodes
-   per rollout, 8 held-out evaluation episodes before and after (run from the repository root, where
-   `examples.smollm2_team` imports): wall time split
+   per rollout, held-out evaluation off (run from the repository root, where `examples.smollm2_team`
+   imports): wall time split
    into rollout (vLLM sampling), scoring (the trainer's no-grad log-probs: pi_cur of the batch, the
    trust-region monitor, vLLM-vs-trainer gaps), update (the optimiser's epochs and the rest of the
-   update), adapter push (save is in update; the push is the /v1/load_lora_adapter call) and evaluation.
+   update), adapter push (save is in update; the push is the /v1/load_lora_adapter call) and evaluation
+   (0 with the evaluation off; the trainer's `held_out_return`).
    The split is measured by timing wrappers around the trainer's own methods (the code that runs is the
    trainer's).
 
@@ -240,7 +241,7 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
             },
             "optim": {"lr": 1e-3, "epochs": 2, "minibatch_messages": 16},
             "trust_region": {"delta": 0.1, "monitor_episodes": 0},
-            "eval": {"stage_episodes": 0, "final_episodes": 8},
+            "eval": {"stage_episodes": 0},
         }
     )
     t0 = time.perf_counter()
