@@ -106,7 +106,7 @@ def tiny_model(out: Path) -> Path:
 
 
 def prepare(
-    work: Path, model_dir: Path, first: int, pending_versions: int, scale: float
+    work: Path, model_dir: Path, first: int, pending_versions: int, scale: float = 0.3
 ) -> tuple[Path, Path]:
     """A run directory holding v<first> of every role (served at start) and the versions to push next."""
     run, pending = work / "run", work / "pending"
