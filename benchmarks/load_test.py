@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/load_test.py --engine both      # embedded, then vllm (launched here)
     .venv/bin/python benchmarks/load_test.py --engine embedded --requests 128 --rounds 3 --clients 32 --swaps 5
+    .venv/bin/python benchmarks/load_test.py --model smollm2 --engine vllm --adapter-scale 0.02 \
+        --requests 32 --rounds 1 --clients 8 --swaps 2       # a real chat model (docs/models.md)
 
 For each engine, on the same model, adapters and tasks, `--rounds` interleaved rounds of:
 1. direct: `--clients` concurrent workers run the team in process (registry pins + `Team.arun`): the
@@ -46,6 +48,7 @@ from rich.table import Table
 from teamtr.cli.server import ServeConfig, build_server
 from teamtr.evals.tasks import get_task
 from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.models import resolve_model
 from teamtr.serving.registry import version_dirs
 from teamtr.serving.vllm_server import free_port
 
@@ -81,8 +84,11 @@ class Phase:
         }
 
 
-def write_adapter_versions(model_dir: Path, root: Path, versions: range, rank: int = 4) -> None:
-    """root/adapters/<role>/v<k>/: peft LoRA directories with seeded random weights, one per version."""
+def write_adapter_versions(
+    model_dir: Path, root: Path, versions: range, rank: int = 4, scale: float = 0.3
+) -> None:
+    """root/adapters/<role>/v<k>/: peft LoRA directories with seeded random weights (B ~ N(0, scale)),
+    one per version."""
     engine = EmbeddedEngine(
         model_dir,
         adapters={r: None for r in ROLES},
@@ -95,7 +101,7 @@ def write_adapter_versions(model_dir: Path, root: Path, versions: range, rank: i
             for r in ROLES:
                 for name, p in engine.adapter_parameters(r).items():
                     if "lora_B" in name:
-                        p.normal_(0, 0.3)
+                        p.normal_(0, scale)
                 engine.save_adapter(r, root / "adapters" / r / f"v{k}")
 
 
@@ -105,15 +111,17 @@ def tiny_model(out: Path) -> Path:
     return Path(tiny_random_model(out, seed=0))
 
 
-def prepare(work: Path, model_dir: Path, first: int, pending_versions: int) -> tuple[Path, Path]:
+def prepare(
+    work: Path, model_dir: Path, first: int, pending_versions: int, scale: float = 0.3
+) -> tuple[Path, Path]:
     """A run directory holding v<first> of every role (served at start) and the versions to push next."""
     run, pending = work / "run", work / "pending"
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(
         yaml.safe_dump({"team": {"roles": ROLES_FACTORY, "model": str(model_dir)}})
     )
-    write_adapter_versions(model_dir, run, range(first, first + 1))
-    write_adapter_versions(model_dir, pending, range(first + 1, first + 1 + pending_versions))
+    write_adapter_versions(model_dir, run, range(first, first + 1), scale=scale)
+    write_adapter_versions(model_dir, pending, range(first + 1, first + 1 + pending_versions), scale=scale)
     return run, pending
 
 
@@ -387,8 +395,9 @@ async def bench_engine_async(
 ) -> dict:
     # direct serves versions 1.., the api server 1001..: distinct engine names on a shared vLLM server
     n_versions = args.rounds * args.swaps
-    run_d, pending_d = prepare(work / f"{engine}-direct", model_dir, 1, n_versions)
-    run_a, pending_a = prepare(work / f"{engine}-api", model_dir, API_VERSION_BASE, n_versions)
+    scale = args.adapter_scale
+    run_d, pending_d = prepare(work / f"{engine}-direct", model_dir, 1, n_versions, scale)
+    run_a, pending_a = prepare(work / f"{engine}-api", model_dir, API_VERSION_BASE, n_versions, scale)
     plan_d, plan_a = (
         push_plan(pending_d, 2, args.rounds, args.swaps),
         push_plan(pending_a, API_VERSION_BASE + 1, args.rounds, args.swaps),
@@ -501,7 +510,8 @@ def bench_engine(engine: str, model_dir: Path, work: Path, args: argparse.Namesp
         from teamtr.serving.vllm_server import start_vllm_server
 
         console.print("starting a vLLM server (~30-60 s on CPU)...")
-        vllm = start_vllm_server(model_dir, max_loras=8)
+        # --max-model-len: a real model's own (8192 for SmolLM2) would size the KV cache for nothing
+        vllm = start_vllm_server(model_dir, max_loras=8, extra_args=["--max-model-len", "2048"])
         vllm_url = vllm.url
     try:
         return asyncio.run(bench_engine_async(engine, model_dir, work, args, vllm_url))
@@ -566,7 +576,12 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--swaps", type=int, default=5, help="hot-swaps (a new version of every role) per round")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", type=Path, default=None, help="base model dir (default: a tiny random Llama)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="base model: a folder, a .gguf or a shipped name such as smollm2 (default: a tiny random Llama)",
+    )
+    p.add_argument("--adapter-scale", type=float, default=0.3, help="std of the random LoRA B matrices")
     p.add_argument("--vllm-url", default=None, help="attach to this vLLM server (it must serve --model)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="bound on each round of each phase")
     p.add_argument("--single-requests", type=int, default=24, help="one-client requests per round (0: none)")
@@ -578,7 +593,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
     work = Path(tempfile.mkdtemp(prefix="teamtr-load-"))
-    model_dir = args.model or tiny_model(work / "model")
+    model_dir = Path(resolve_model(args.model).path) if args.model else tiny_model(work / "model")
     engines = ["embedded", "vllm"] if args.engine == "both" else [args.engine]
     results = [bench_engine(e, model_dir, work, args) for e in engines]
     print_results(results)
