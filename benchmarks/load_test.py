@@ -456,7 +456,7 @@ async def bench_engine_async(
     probes = None
     if args.overload_requests:  # a second server with a small admission queue
         bound = args.queue_bound
-        run_o, _ = prepare(work / f"{engine}-overload", model_dir, 2 * API_VERSION_BASE, 0)
+        run_o, _ = prepare(work / f"{engine}-overload", model_dir, 2 * API_VERSION_BASE, 0, scale)
         process, url = start_api_server(
             run_o, engine, vllm_url, work / f"{engine}-overload.log", queue=(bound // 2, bound - bound // 2)
         )
