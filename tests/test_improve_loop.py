@@ -253,9 +253,9 @@ def test_a_bad_candidate_is_refused_by_the_gate_or_rolled_back_by_the_canary(mon
 
 HELD_OUT = [t.prompt for t in FAMILY.generate(32, seed=23)]  # never served before the first measurement
 # an improve run that moves the team in two stages within the same trust region as FAST (delta 0.5), at
-# 5x its learning rate and twice its epochs; the gate's and canary's margins stay at their defaults
+# 20x its learning rate and twice its epochs; the gate's and canary's margins stay at their defaults
 STRONG = ["--stages", "2", "--set", "rollout.prompts_per_update=6", "--set", "rollout.group_size=4"]
-STRONG += ["--set", "optim.epochs=4", "--set", "optim.lr=0.05", "--set", "trust_region.delta=0.5"]
+STRONG += ["--set", "optim.epochs=4", "--set", "optim.lr=0.2", "--set", "trust_region.delta=0.5"]
 CONFIDENCE = 0.95
 
 
