@@ -8,9 +8,13 @@ and verifier feedback the whole time, the improve command as its own process.
   (x100, trained on a mis-specified reward) let through a wide-open gate is rolled back by the canary,
   which judges it by the client's feedback; the incumbent serves throughout.
 
-The team is a tiny random model (seconds per stage), whose reward TeamTR barely moves in a few updates:
-the first test opens the gate's and canary's margins so the promotion path runs to the end whatever the
-candidate's small difference is; it does not claim the served reward rises (docs/improve.md).
+- with the gate's and canary's default margins, the promoted team's accuracy on held-out prompts,
+  measured through the API before and after on the same prompts, rises beyond its paired bootstrap bound.
+
+The team is a tiny random model (seconds per stage). The first test opens the gate's and canary's
+margins so the promotion path runs to the end whatever its small improve run did; the last one trains
+harder (still inside the trust region) and keeps the default margins. Its greedy team answers every
+prompt alike, so the rise is all or nothing per run (docs/improve.md has the figures and how often).
 """
 
 from __future__ import annotations
