@@ -23,7 +23,9 @@ def tool_use(trajectories: list[Trajectory], prompts: list[str]) -> dict[str, An
     acc = sum(t.reward for t in trajectories) / n
     calls = [[c for turn in t.turns for c in turn.tool_calls] for t in trajectories]
     invalid = [sum(len(turn.invalid_tool_calls) for turn in t.turns) for t in trajectories]
-    exact = [any(c["arguments"].get("expression") == p for c in cs) for cs, p in zip(calls, prompts)]
+    exact = [
+        any(c["arguments"].get("expression") == p for c in cs) for cs, p in zip(calls, prompts, strict=True)
+    ]
     return {
         "episodes": n,
         "accuracy": round(acc, 4),
@@ -32,7 +34,9 @@ def tool_use(trajectories: list[Trajectory], prompts: list[str]) -> dict[str, An
         "exact_expression_rate": round(sum(exact) / n, 4),  # ... one of them on the task's expression
         "invalid_call_rate": round(sum(bool(i) for i in invalid) / n, 4),  # episodes with >= 1 invalid call
         "accuracy_when_calling": round(
-            sum(t.reward for t, c in zip(trajectories, calls) if c) / max(1, sum(bool(c) for c in calls)), 4
+            sum(t.reward for t, c in zip(trajectories, calls, strict=True) if c)
+            / max(1, sum(bool(c) for c in calls)),
+            4,
         ),
     }
 

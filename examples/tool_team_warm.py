@@ -27,10 +27,14 @@ WARM_BATCH = 8  # episodes per step
 def prompts() -> ToolTeamPrompts:
     """The example's own prompts and tool schema, as its graph renders them."""
     reviewer = next(r for r in roles() if r.name == "reviewer")
-    return ToolTeamPrompts(SOLVER_PROMPT, reviewer.system_prompt, tuple(convert_to_openai_tool(t) for t in TOOLS))
+    return ToolTeamPrompts(
+        SOLVER_PROMPT, reviewer.system_prompt, tuple(convert_to_openai_tool(t) for t in TOOLS)
+    )
 
 
-def build(out: Path = WARM_DIR, steps: int = WARM_STEPS, seed: int = 0, mix: ToolDemoMix = ToolDemoMix()) -> dict:
+def build(
+    out: Path = WARM_DIR, steps: int = WARM_STEPS, seed: int = 0, mix: ToolDemoMix = ToolDemoMix()
+) -> dict:
     cfg = WarmStartConfig(max_steps=steps, seed=seed, batch_size=WARM_BATCH)
     return build_tool_warm_model(prompts(), out, cfg, mix)
 

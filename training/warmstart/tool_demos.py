@@ -101,7 +101,11 @@ def tool_team_examples(
     else:
         solver_says(str(instance.answer), AIMessage(str(instance.answer)))
     ids = render_prompt_ids(tokenizer, [SystemMessage(prompts.reviewer), *messages])
-    out.append(StepExample("reviewer", ids, tokenizer(str(instance.answer), add_special_tokens=False)["input_ids"] + eos))
+    out.append(
+        StepExample(
+            "reviewer", ids, tokenizer(str(instance.answer), add_special_tokens=False)["input_ids"] + eos
+        )
+    )
     return out
 
 
@@ -138,7 +142,9 @@ def build_tool_warm_model(
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         for step in range(cfg.max_steps):
             instances = family.generate(cfg.batch_size, seed=f"tool-train-{cfg.seed}-{step}")
-            examples = [e for inst in instances for e in tool_team_examples(tokenizer, prompts, inst, rng, mix)]
+            examples = [
+                e for inst in instances for e in tool_team_examples(tokenizer, prompts, inst, rng, mix)
+            ]
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
             batches = _role_batches(examples, tokenizer.pad_token_id)
