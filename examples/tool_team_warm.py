@@ -20,7 +20,7 @@ from teamtr.training.warmstart import WarmStartConfig
 from teamtr.training.warmstart.tool_demos import ToolDemoMix, ToolTeamPrompts, build_tool_warm_model
 
 WARM_DIR = Path("runs/tool_team_warm")
-WARM_STEPS = 150
+WARM_STEPS = 300
 WARM_BATCH = 8  # episodes per step
 
 

@@ -29,16 +29,18 @@ QUESTIONS = ["2+3+4+5", "6+1+1+7", "9+9+2+1", "4+4+4+4"]
 THREAD = "tool-thread-1"
 
 
-WARM_TEST_STEPS = 150  # the smallest build seen writing well-formed calls (docs/graphs.md "Tools")
+WARM_TEST_STEPS = 150  # half the example's build: enough for well-formed calls (docs/graphs.md "Tools")
 
 
 @pytest.fixture(scope="module")
 def warm_model_dir(tmp_path_factory) -> Path:
-    """A short build of the tool team's warm start (about a minute on one idle core)."""
-    from examples.tool_team_warm import WARM_STEPS, build
+    """A short build of the tool team's warm start (about a minute on one idle core) whose solver is shown
+    a call in nine demonstrations of ten, so that the served thread's sampled turns hold calls."""
+    from examples.tool_team_warm import build
+    from teamtr.training.warmstart.tool_demos import ToolDemoMix
 
     path = tmp_path_factory.mktemp("tool_warm") / "model"
-    build(path, steps=min(WARM_STEPS, WARM_TEST_STEPS))
+    build(path, steps=WARM_TEST_STEPS, mix=ToolDemoMix(call_rate=0.9, slip_rate=0.0))
     return path
 
 

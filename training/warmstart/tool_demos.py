@@ -59,8 +59,8 @@ class ToolTeamPrompts:
 
 @dataclass(frozen=True)
 class ToolDemoMix:
-    call_rate: float = 0.5  # solver demonstrations that call the tool
-    slip_rate: float = 0.3  # calls whose expression has one operand off by one
+    call_rate: float = 0.6  # solver demonstrations that call the tool
+    slip_rate: float = 0.2  # calls whose expression has one operand off by one
 
 
 def _slipped(operands: list[int], rng: random.Random) -> str:
