@@ -58,9 +58,10 @@ SOLVER_PROMPT = (
 )
 
 
-def roles(max_new_tokens: int = 64) -> list[Role]:
+def roles(max_new_tokens: int = 96) -> list[Role]:
     """The solver (calls `calc`) and the reviewer (writes the final value), each with its own adapter.
-    No stop string: a tool call spans several lines, so a message ends at the model's end of message."""
+    No stop string: a tool call spans several lines, so a message ends at the model's end of message;
+    `max_new_tokens` leaves room for a call written one character a token (the warm-started tiny model)."""
     say = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     return [
         Role("solver", SOLVER_PROMPT, adapter="solver", sampling=say),

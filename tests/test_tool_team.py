@@ -1,13 +1,14 @@
 """examples/tool_team.py end to end: TeamTR trains the tool-using team briefly on a tiny random Llama, then
 `teamtr serve` (its own process) holds a three-request conversation on one thread with the `openai`
 client; request 3's episode sees requests 1-2 from the LangGraph checkpoint, and after a restart of the
-server the same thread goes on (docs/serving.md "Threads"). With a scripted solver (a langchain-core fake
+server the same thread goes on (docs/serving.md "Threads"). The tool team's warm start
+(examples/tool_team_warm.py, a short build here) makes a solver that writes `<tool_call>` blocks which
+the example's ToolNode runs, and the served thread then holds tool calls. With a scripted solver (a langchain-core fake
 chat model), bad tool calls come back as error ToolMessages and the round guard ends a calling loop."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sqlite3
 import warnings
@@ -28,14 +29,18 @@ QUESTIONS = ["2+3+4+5", "6+1+1+7", "9+9+2+1", "4+4+4+4"]
 THREAD = "tool-thread-1"
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """The tests' tiny random Llama with room for the tool schema in its context (RoPE: no weights)."""
-    from teamtr.training.warmstart import tiny_random_model
+WARM_TEST_STEPS = 150  # half the example's build: enough for well-formed calls (docs/graphs.md "Tools")
 
-    path = Path(tiny_random_model(tmp_path_factory.mktemp("tiny") / "model"))
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+
+@pytest.fixture(scope="module")
+def warm_model_dir(tmp_path_factory) -> Path:
+    """A short build of the tool team's warm start (about a minute on one idle core) whose solver is shown
+    a call in nine demonstrations of ten, so that the served thread's sampled turns hold calls."""
+    from examples.tool_team_warm import build
+    from teamtr.training.warmstart.tool_demos import ToolDemoMix
+
+    path = tmp_path_factory.mktemp("tool_warm") / "model"
+    build(path, steps=WARM_TEST_STEPS, mix=ToolDemoMix(call_rate=0.9, slip_rate=0.0))
     return path
 
 
@@ -53,10 +58,11 @@ def _thread_episodes(run_dir: Path) -> list:
     return [t for t in episodes if t.metadata.get("conversation_id") == THREAD]
 
 
-@pytest.mark.slow  # a short training and two server processes
-def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(model_dir, tmp_path):
+@pytest.mark.slow  # a warm start, a short training and two server processes
+def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(warm_model_dir, tmp_path):
     import openai
 
+    model_dir = warm_model_dir
     run_dir = tmp_path / "tool_team"
     overrides = {"eval.stage_episodes": 0, "team.recursion_limit": 12, "task.options": {"steps": 3}}
     updates = [r for r in train(example_config("tool_team", str(model_dir), run_dir, **overrides)) if r["kind"] == "update"]
@@ -83,6 +89,9 @@ def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(model_dir, tm
     assert "calc" in third  # the tool's schema, through bind_tools
     for answer in answers[:2]:
         assert answer is None or answer.strip() == "" or answer in third
+    # the warm-started solver uses the tool in the thread: a call, then a turn that reads its result
+    assert any(turn.tool_calls for e in episodes for turn in e.turns)
+    assert any("<tool_response>" in tokenizer.decode(t.prompt_ids) for e in episodes for t in e.turns)
     first = tokenizer.decode(episodes[0].turns[0].prompt_ids)
     assert QUESTIONS[1] not in first and QUESTIONS[2] not in first
 
@@ -103,6 +112,48 @@ def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(model_dir, tm
     assert at == sorted(at)
     saved = _checkpoint_messages(run_dir / "conversations.db")
     assert [m.content for m in saved if m.type == "human"] == QUESTIONS
+
+
+@pytest.mark.slow  # the warm start's build
+def test_the_warm_started_solver_writes_tool_calls_that_the_tool_node_runs(warm_model_dir):
+    """Greedy, on the base model alone: the solver writes well-formed `<tool_call>` blocks, ToolNode runs
+    `calc` on them (a success ToolMessage with the value of the expression the solver wrote), and the
+    solver's next turn sees the result."""
+    import dataclasses
+
+    from examples.review_loop import calculate
+    from examples.tool_team import build, make_input, roles
+    from teamtr.evals.tasks.chain import ChainArithmetic
+    from teamtr.graphs.capture import run_episode
+    from teamtr.graphs.role_models import RoleModels
+    from teamtr.serving.embedded import EmbeddedEngine
+
+    greedy = [dataclasses.replace(r, adapter=None, sampling=dataclasses.replace(r.sampling, temperature=0.0))
+              for r in roles()]  # fmt: skip
+    graph = build(RoleModels(EmbeddedEngine(str(warm_model_dir), threads=1), greedy))
+    family = ChainArithmetic(steps=3)
+    states: list[dict] = []
+
+    async def episodes():
+        return await asyncio.gather(*[
+            run_episode(graph, task, make_input=make_input, reward=lambda t, state: states.append(state) or 0.0)
+            for task in family.generate(8, seed=11)
+        ])  # fmt: skip
+
+    trajectories = asyncio.run(episodes())
+    calls = [(turn, call) for t in trajectories for turn in t.turns for call in turn.tool_calls]
+    assert len(calls) >= 2, "the warm-started solver wrote no tool calls"
+    assert all(call["name"] == "calc" and set(call["arguments"]) == {"expression"} for _, call in calls)
+    results = {m.tool_call_id: m for state in states for m in state["messages"] if m.type == "tool"}
+    ran = [results[call["id"]] for _, call in calls if call["id"] in results]
+    assert len(ran) == len(calls)  # every valid call went through ToolNode
+    for (_, call), result in zip(calls, ran, strict=True):
+        assert result.status == "success"
+        assert result.content == str(calculate(call["arguments"]["expression"]))
+    for t in trajectories:  # after a call the solver acts on the tool's result
+        for before, after in zip(t.turns, t.turns[1:], strict=False):
+            if before.tool_calls:
+                assert after.role == "solver" and len(after.prompt_ids) > len(before.prompt_ids)
 
 
 def _checkpoint_messages(path: Path) -> list:
