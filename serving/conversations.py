@@ -51,6 +51,11 @@ CREATE TABLE IF NOT EXISTS seen_messages (
 """
 
 
+# the table and the checkpointer are two connections to one file: each waits this long for the other's
+# write lock (sqlite's default of 5 s was too short on a loaded machine)
+BUSY_TIMEOUT_S = 30.0
+
+
 class ConversationStoreError(RuntimeError):
     """The conversation store's file cannot be read; it is left exactly as it was."""
 
@@ -75,7 +80,9 @@ class Conversations:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._check_readable(self.path)
-        self._db = sqlite3.connect(str(self.path) if self.path else ":memory:", check_same_thread=False)
+        self._db = sqlite3.connect(
+            str(self.path) if self.path else ":memory:", check_same_thread=False, timeout=BUSY_TIMEOUT_S
+        )
         try:
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
@@ -116,7 +123,7 @@ class Conversations:
                 import aiosqlite
                 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-                saver = AsyncSqliteSaver(await aiosqlite.connect(str(self.path)))
+                saver = AsyncSqliteSaver(await aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT_S))
                 await saver.setup()
                 if self._saver is None:  # another request opened it meanwhile: keep that one
                     self._saver = saver

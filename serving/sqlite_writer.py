@@ -65,7 +65,10 @@ class BackgroundWriter:
     def _commit(self, batch: list[Write]) -> None:
         with self._lock:
             try:
-                self._db.execute("BEGIN")  # one transaction, one commit for the batch
+                # one transaction, one commit for the batch; IMMEDIATE takes the write lock first (waiting up
+                # to the connection's timeout): a deferred one that reads and then writes gets "database is
+                # locked" at once when another connection to the file (the checkpointer) is writing
+                self._db.execute("BEGIN IMMEDIATE")
                 for write in batch:
                     self._savepoint(write)
                 self._db.commit()
