@@ -77,7 +77,8 @@ def test_killing_vllm_under_load_answers_503_then_recovers_on_restart(vllm_model
             conversations_path=None,
         )
         with serve_in_background(config) as api:
-            assert httpx.get(api.url + "/health/ready", timeout=60).status_code == 200
+            ready = httpx.get(api.url + "/health/ready", timeout=60)
+            assert ready.status_code == 200, ready.text
             before = httpx.post(api.url + "/v1/chat/completions", json=BODY, timeout=DEADLINE_S + 30)
             assert before.status_code == 200, before.text
             served_before = served_models(vllm.url)  # the adapters, `<adapter>@v<N>`, and the null one
