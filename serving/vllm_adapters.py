@@ -200,7 +200,12 @@ class VLLMAdapters:
         for name in missing:
             # in place: a concurrent restore may have loaded it since `served` was read
             payload = {"lora_name": name, "lora_path": wanted[name], "load_inplace": True}
-            await self._http.post(url, "/v1/load_lora_adapter", payload)
+            try:
+                await self._http.post(url, "/v1/load_lora_adapter", payload)
+            except VLLMRequestError as e:  # say which adapter (vLLM hides the path)
+                e.message = f"adapter {name!r} from {wanted[name]} refused: {e.message}"
+                e.args = (f"vLLM {e.endpoint} -> HTTP {e.status_code}: {e.message}",)
+                raise
             self.versions.setdefault((base, name), 0)
             self.paths[(base, name)] = wanted[name]
         return missing

@@ -276,7 +276,7 @@ class VLLMEngine:
         Called on a 404 for a known adapter and by the readiness probe (serving/health.py)."""
         self._base(base)
         restored = await self._adapters.restore(base, adapters, only_missing=only_missing)
-        if restored:
+        if restored and only_missing:  # (a replica rejoining reloads them all: nothing was lost)
             log.warning(
                 "vLLM server %s lost adapters %s (restarted?): loaded again", self._base(base).url, restored
             )
