@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from teamtr.serving.vllm_http import VLLMBase, VLLMClient, VLLMRequestError
 
 NULL_ADAPTER = "teamtr-null-base"  # the served name of the base policy's all-zero adapter
@@ -90,6 +92,7 @@ class VLLMAdapters:
         self._null_ready: set[str] = set()
         self._null_lock = threading.Lock()
         self.versions: dict[tuple[str, str], int] = {}  # (base, adapter) -> version
+        self.paths: dict[tuple[str, str], str] = {}  # (base, adapter) -> the path it was loaded from
 
     def names(self, base: str) -> list[str]:
         return [name for b, name in self.versions if b == base]
@@ -161,7 +164,48 @@ class VLLMAdapters:
             e.args = (f"vLLM {e.endpoint} -> HTTP {e.status_code}: {e.message}",)
             raise
         self.versions[key] = self.versions.get(key, -1) + 1
+        self.paths[key] = str(path)
 
     async def unload(self, name: str, base: str) -> None:
         await self._http.post(self._bases[base].url, "/v1/unload_lora_adapter", {"lora_name": name})
         self.versions.pop((base, name), None)
+        self.paths.pop((base, name), None)
+
+    def knows(self, adapter: str | None, base: str) -> bool:
+        """Whether the server should answer to this request's `model`: an adapter loaded through this
+        engine, or the null adapter once loaded (a 404 for either means the server lost it)."""
+        if adapter is None:
+            return base in self._null_ready
+        return (base, adapter) in self.paths
+
+    async def restore(
+        self, base: str, adapters: dict[str, str] | None = None, *, only_missing: bool = True
+    ) -> list[str]:
+        """Load again every adapter (`adapters`: name -> path; default: those loaded through this engine)
+        the server at `base` does not answer to, as a restarted vLLM server has lost them all; returns
+        their names. `only_missing=False` reloads all of them in place (a replica rejoining may hold an
+        older file under a name, serving/vllm_replicas.py). Versions do not move (the same files are
+        served again); one not known yet counts as a first load (version 0). The null adapter is loaded
+        again on the next base request if the server lost it."""
+        wanted = adapters if adapters is not None else {n: p for (b, n), p in self.paths.items() if b == base}
+        url = self._bases[base].url
+        try:
+            served = {m["id"] for m in (await self._http.get_json(url, "/v1/models"))["data"]}
+        except httpx.HTTPError as e:
+            raise VLLMRequestError(0, f"{type(e).__name__}: {e}", "/v1/models") from e
+        if NULL_ADAPTER not in served:
+            with self._null_lock:
+                self._null_ready.discard(base)
+        missing = [name for name in wanted if not only_missing or name not in served]
+        for name in missing:
+            # in place: a concurrent restore may have loaded it since `served` was read
+            payload = {"lora_name": name, "lora_path": wanted[name], "load_inplace": True}
+            try:
+                await self._http.post(url, "/v1/load_lora_adapter", payload)
+            except VLLMRequestError as e:  # say which adapter (vLLM hides the path)
+                e.message = f"adapter {name!r} from {wanted[name]} refused: {e.message}"
+                e.args = (f"vLLM {e.endpoint} -> HTTP {e.status_code}: {e.message}",)
+                raise
+            self.versions.setdefault((base, name), 0)
+            self.paths[(base, name)] = wanted[name]
+        return missing

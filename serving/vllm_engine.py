@@ -17,10 +17,14 @@ Exactness, nothing re-tokenised:
 The rest is split by job: serving/vllm_http.py (the HTTP client, vLLM's errors and token ids),
 serving/vllm_adapters.py (adapter versions, cache salts, the null adapter), serving/vllm_scoring.py.
 docs/vllm.md, "Two vLLM 0.32 CPU bugs", has both bugs these modules and serving/vllm_server.py work around.
+
+A restarted vLLM server has lost every runtime-loaded LoRA: a 404 for an adapter this engine loaded
+makes it load them all again from their paths (versions unchanged) and resend the request once.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +41,8 @@ from teamtr.serving.vllm_http import (
 )
 from teamtr.serving.vllm_http import error_message as _error_message
 from teamtr.serving.vllm_server import VLLMServer
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "NULL_ADAPTER",
@@ -55,7 +61,9 @@ class VLLMEngine:
     """Engine protocol over vLLM servers. `bases` maps base-model name -> server (or `VLLMBase`).
 
     `max_concurrency` bounds the requests in flight from this engine (per event loop); vLLM batches
-    the concurrent ones itself (continuous batching).
+    the concurrent ones itself (continuous batching). `restore_lost_adapters`: on a 404 for an adapter
+    loaded through this engine, load them all again and resend (off under serving/vllm_replicas.py,
+    which takes such a replica out and reloads it before it rejoins).
     """
 
     streams_tokens = True  # `generate(on_token=...)` streams from vLLM
@@ -68,6 +76,7 @@ class VLLMEngine:
         timeout_s: float = 300.0,
         score_batch: int = 32,
         null_adapter: bool = True,
+        restore_lost_adapters: bool = True,
     ) -> None:
         if not bases:
             raise ValueError("VLLMEngine needs at least one base model -> server")
@@ -78,6 +87,7 @@ class VLLMEngine:
         self._http = VLLMClient(max_concurrency=max_concurrency, timeout_s=timeout_s)
         self._adapters = VLLMAdapters(self._http, self._bases, null_adapter=null_adapter)
         self._tokenizers: dict[str, Any] = {}
+        self._restore_lost = restore_lost_adapters
 
     @classmethod
     def single(cls, server: VLLMServer | VLLMBase, base: str = DEFAULT_BASE, **kwargs: Any) -> VLLMEngine:
@@ -154,6 +164,24 @@ class VLLMEngine:
         `stream: true`; the Generation is the same, assembled from the streamed chunks)."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
+        try:
+            return await self._generate(prompt_ids, adapter, sampling, base, on_token)
+        except VLLMRequestError as e:
+            # 404 for an adapter this engine loaded: the server restarted and lost its adapters (a 404
+            # comes before any streamed piece, so resending is safe)
+            if not self._restore_lost or e.status_code != 404 or not self._adapters.knows(adapter, base):
+                raise
+            await self.restore_adapters(base)
+            return await self._generate(prompt_ids, adapter, sampling, base, on_token)
+
+    async def _generate(
+        self,
+        prompt_ids: list[int],
+        adapter: str | None,
+        sampling: SamplingParams,
+        base: str,
+        on_token: Callable[[str], None] | None,
+    ) -> Generation:
         url = self._base(base).url
         # An adapter loaded on the server by someone else (e.g. --lora-modules) is served as version 0.
         version = self._adapters.versions.get((base, adapter), 0) if adapter is not None else 0
@@ -239,6 +267,20 @@ class VLLMEngine:
         (`load_inplace`, no unload gap). vLLM reads `path` itself: it must exist on the server's machine."""
         self._base(base)
         await self._adapters.load(name, path, base)
+
+    async def restore_adapters(
+        self, base: str = DEFAULT_BASE, adapters: dict[str, str] | None = None, *, only_missing: bool = True
+    ) -> list[str]:
+        """Load again the adapters (default: every one loaded through this engine) the server lost in a
+        restart, from the paths they were loaded from; versions stay (serving/vllm_adapters.py `restore`).
+        Called on a 404 for a known adapter and by the readiness probe (serving/health.py)."""
+        self._base(base)
+        restored = await self._adapters.restore(base, adapters, only_missing=only_missing)
+        if restored and only_missing:  # (a replica rejoining reloads them all: nothing was lost)
+            log.warning(
+                "vLLM server %s lost adapters %s (restarted?): loaded again", self._base(base).url, restored
+            )
+        return restored
 
     async def unload_adapter(self, name: str, base: str = DEFAULT_BASE) -> None:
         self._base(base)

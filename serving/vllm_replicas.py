@@ -142,7 +142,8 @@ class VLLMReplicaEngine:
             self._probe_thread.start()
 
     def _new_engine(self, base: str, spec: VLLMBase) -> VLLMEngine:
-        return VLLMEngine({base: spec}, **self._engine_kwargs)
+        # a replica that lost its adapters is taken out and reloaded by the probe, not healed in place
+        return VLLMEngine({base: spec}, restore_lost_adapters=False, **self._engine_kwargs)
 
     # ---- bookkeeping -------------------------------------------------------------------------------
 
@@ -406,9 +407,8 @@ class VLLMReplicaEngine:
 
     @staticmethod
     async def _load_all(engine: VLLMEngine, adapters: dict[str, str], base: str) -> None:
-        try:
-            for name, path in adapters.items():
-                await engine.load_adapter(name, path, base)
+        try:  # in place, all of them: an out-of-rotation replica may hold an older file under a name
+            await engine.restore_adapters(base, adapters, only_missing=False)
         finally:
             await engine.aclose()  # the client belongs to this call's event loop
 

@@ -1,7 +1,9 @@
 """The vLLM server dies under load (issue 16, "Bad input and faults"): requests in flight and those that
 follow get 503 in OpenAI's error shape (`engine_unavailable`), none runs past its deadline, and
 `/health/ready` turns false. Its own vLLM server (the session's stays up for the other tests), killed
-with SIGKILL like a crashed process."""
+with SIGKILL like a crashed process, then started again on the same port: it has lost its LoRA adapters,
+the engine loads them again (serving/vllm_engine.py `restore_adapters`), `/health/ready` comes back and
+requests run on the same adapter versions as before the kill."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 DEADLINE_S = 20  # each request's `timeout`: no answer may take longer (plus HTTP slack)
 CLIENTS = 6
+RECOVERY_S = 120  # from the restarted server answering to /health/ready 200
+BODY = {"model": "chain", "messages": [{"role": "user", "content": "12+7+30+5"}], "timeout": DEADLINE_S}
 
 
 async def load_then_kill(url: str, kill) -> list[tuple[float, float, int, dict]]:
@@ -30,7 +34,7 @@ async def load_then_kill(url: str, kill) -> list[tuple[float, float, int, dict]]
     (start, seconds, status, body) of each request, times relative to the kill."""
     results: list[tuple[float, float, int, dict]] = []
     killed_at: list[float] = []
-    body = {"model": "chain", "messages": [{"role": "user", "content": "12+7+30+5"}], "timeout": DEADLINE_S}
+    body = BODY
 
     async def client(http: httpx.AsyncClient) -> None:
         while not killed_at or time.monotonic() < killed_at[0] + 3:
@@ -46,17 +50,22 @@ async def load_then_kill(url: str, kill) -> list[tuple[float, float, int, dict]]
     return [(t0 - killed_at[0], s, status, b) for t0, s, status, b in results]
 
 
-def test_killing_vllm_under_load_answers_503_and_readiness_turns_false(vllm_model_dir, tmp_path):
+def served_models(url: str) -> set[str]:
+    return {m["id"] for m in httpx.get(url + "/v1/models", timeout=30).json()["data"]}
+
+
+def start_vllm(model_dir, port: int, log_path):
+    return start_vllm_server(
+        model_dir, served_model_name="tiny-llama", max_loras=4, port=port, log_path=str(log_path)
+    )
+
+
+def test_killing_vllm_under_load_answers_503_then_recovers_on_restart(vllm_model_dir, tmp_path):
     reason = vllm_skip_reason()
     if reason:
         pytest.skip(reason)
-    vllm = start_vllm_server(
-        vllm_model_dir,
-        served_model_name="tiny-llama",
-        max_loras=4,
-        port=free_port(),
-        log_path=str(tmp_path / "v.log"),
-    )
+    port = free_port()
+    vllm = start_vllm(vllm_model_dir, port, tmp_path / "v.log")
     try:
         run = make_run_dir(vllm_model_dir, tmp_path / "run", versions=1)
         config = ServeConfig.from_run_dir(
@@ -68,7 +77,11 @@ def test_killing_vllm_under_load_answers_503_and_readiness_turns_false(vllm_mode
             conversations_path=None,
         )
         with serve_in_background(config) as api:
-            assert httpx.get(api.url + "/health/ready", timeout=60).status_code == 200
+            ready = httpx.get(api.url + "/health/ready", timeout=60)
+            assert ready.status_code == 200, ready.text
+            before = httpx.post(api.url + "/v1/chat/completions", json=BODY, timeout=DEADLINE_S + 30)
+            assert before.status_code == 200, before.text
+            served_before = served_models(vllm.url)  # the adapters, `<adapter>@v<N>`, and the null one
             results = asyncio.run(
                 load_then_kill(api.url, lambda: os.killpg(vllm.process.pid, signal.SIGKILL))
             )
@@ -84,5 +97,22 @@ def test_killing_vllm_under_load_answers_503_and_readiness_turns_false(vllm_mode
             ready = httpx.get(api.url + "/health/ready", timeout=60)
             assert ready.status_code == 503 and ready.json()["status"] == "not_ready", ready.text
             assert ready.json()["reasons"]
+
+            vllm.stop()  # reaps the killed process group
+            vllm = start_vllm(vllm_model_dir, port, tmp_path / "v2.log")  # same URL, no adapters loaded
+            deadline = time.monotonic() + RECOVERY_S
+            while (ready := httpx.get(api.url + "/health/ready", timeout=60)).status_code != 200:
+                assert time.monotonic() < deadline, ready.text
+                time.sleep(1)
+            started = time.monotonic()
+            after = [
+                httpx.post(api.url + "/v1/chat/completions", json=BODY, timeout=DEADLINE_S + 30)
+                for _ in range(2)
+            ]
+            assert time.monotonic() - started < 2 * (DEADLINE_S + 5)
+            for r in after:
+                assert r.status_code == 200, r.text
+                assert r.json()["teamtr"]["adapter_versions"] == before.json()["teamtr"]["adapter_versions"]
+            assert served_models(vllm.url) == served_before  # loaded again, same names, same versions
     finally:
         vllm.stop()
