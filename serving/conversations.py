@@ -8,9 +8,11 @@ keeps, besides the team and episode count `/v1/feedback` needs (serving/service.
 digest of each chat message the client has sent or received, so a client that resends the whole
 conversation is recognised and its old messages are not added twice.
 
-With a file (`conversations.db` under the serve directory, cli/server.py) the checkpoints
-(`AsyncSqliteSaver`, langgraph-checkpoint-sqlite) and the table share it, and both survive a restart;
-without one both live in memory (`InMemorySaver`), as a plain `create_app` server needs. A file that is
+With a file (`conversations.db` under the serve directory, cli/server.py) the table lives in it and the
+checkpoints (`AsyncSqliteSaver`, langgraph-checkpoint-sqlite) beside it in `conversations-threads.db`
+(`threads_path`): one connection per file, because a checkpointer read left open across an episode's
+awaits held a lock that made the table's writes fail with "database is locked". Both survive a restart;
+without a file both live in memory (`InMemorySaver`), as a plain `create_app` server needs. A file that is
 not a readable SQLite database is reported (`ConversationStoreError`, naming the file) and never written
 to: the server refuses to start rather than lose conversations. The seen-message digests are committed
 by a background thread, batched (serving/sqlite_writer.py): a request does not wait for that commit, and
@@ -51,9 +53,14 @@ CREATE TABLE IF NOT EXISTS seen_messages (
 """
 
 
-# the table and the checkpointer are two connections to one file: each waits this long for the other's
-# write lock (sqlite's default of 5 s was too short on a loaded machine)
+# how long a connection waits for a lock on its file (sqlite's default of 5 s is short on a loaded machine)
 BUSY_TIMEOUT_S = 30.0
+
+
+def threads_path(path: str | Path) -> Path:
+    """The checkpointer's file beside the conversation table's: conversations.db -> conversations-threads.db."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}-threads{path.suffix}")
 
 
 class ConversationStoreError(RuntimeError):
@@ -80,6 +87,7 @@ class Conversations:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._check_readable(self.path)
+            self._check_readable(threads_path(self.path))
         self._db = sqlite3.connect(
             str(self.path) if self.path else ":memory:", check_same_thread=False, timeout=BUSY_TIMEOUT_S
         )
@@ -123,7 +131,8 @@ class Conversations:
                 import aiosqlite
                 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-                saver = AsyncSqliteSaver(await aiosqlite.connect(str(self.path), timeout=BUSY_TIMEOUT_S))
+                db = await aiosqlite.connect(str(threads_path(self.path)), timeout=BUSY_TIMEOUT_S)
+                saver = AsyncSqliteSaver(db)
                 await saver.setup()
                 if self._saver is None:  # another request opened it meanwhile: keep that one
                     self._saver = saver

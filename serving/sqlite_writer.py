@@ -67,7 +67,7 @@ class BackgroundWriter:
             try:
                 # one transaction, one commit for the batch; IMMEDIATE takes the write lock first (waiting up
                 # to the connection's timeout): a deferred one that reads and then writes gets "database is
-                # locked" at once when another connection to the file (the checkpointer) is writing
+                # locked" at once when another connection to the file is writing
                 self._db.execute("BEGIN IMMEDIATE")
                 for write in batch:
                     self._savepoint(write)

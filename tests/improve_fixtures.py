@@ -89,8 +89,3 @@ def same_start(prompt: str, response: str) -> float:
     import os
 
     return float(first_char(response) in os.environ[CHARS_ENV])
-
-
-def wrong_start(prompt: str, response: str) -> float:
-    """A mis-specified training reward (the opposite of same_start): what a corrupted update learns."""
-    return 1.0 - same_start(prompt, response)

@@ -5,7 +5,7 @@ and verifier feedback the whole time, the improve command as its own process.
   SIGKILL mid-canary and started again it continues and finishes; no request fails and no episode ever
   ran a mixed team; lineage and the promotion log say where the versions came from;
 - a bad candidate (learning rate x1000, trust region off) is refused by the gate; a corrupted one
-  (x20 with 4 epochs, trained on a mis-specified reward) let through a wide-open gate is rolled back by the canary,
+  (trained on a reward the client's feedback contradicts) let through a wide-open gate is rolled back by the canary,
   which judges it by the client's feedback; the incumbent serves throughout.
 
 - with the gate's and canary's default margins, the promoted team's accuracy on held-out prompts,
@@ -47,8 +47,9 @@ FAST = ["--stages", "2", "--set", "rollout.prompts_per_update=6", "--set", "roll
 FAST += ["--set", "optim.epochs=2", "--set", "optim.lr=0.01", "--set", "trust_region.delta=0.5"]
 OPEN = ["--margin", "1", "--canary-margin", "1", "--kl-limit", "1e9"]
 BAD_LR = 10.0  # x1000 of the 0.01 above, with the trust region off: its weights overflow (NaN KL)
-# x20 with 4 epochs (the settings that move this team's greedy answers, see the accuracy test below): at
-# x100 with 2 epochs the greedy answers sometimes did not move, and the canary rightly promoted
+# the settings that move this team's greedy answers (the accuracy test below); trained on a reward with
+# no signal about the greedy answers (1 - same_start) at x100 and 2 epochs, the candidate sometimes
+# answered as the incumbent did, and the canary rightly promoted it
 WRONG_LR, WRONG_EPOCHS = 0.2, 4
 
 
@@ -227,17 +228,11 @@ def test_a_bad_candidate_is_refused_by_the_gate_or_rolled_back_by_the_canary(mon
     assert any("trust region" in r or "margin" in r for r in gate["figures"]["reasons"])
     assert client.list_versions().current == {r: 1 for r in ROLES} and client.candidate() is None
 
-    # a corrupted update (x20 learning rate, 4 epochs, on a mis-specified training reward) let through a wide-open
-    # gate: the canary, judged by the client's own feedback, rolls it back
-    opened = [
-        *FAST,
-        "--reward",
-        "improve_fixtures:wrong_start",
-        "--canary-reward",
-        "feedback",
-        "--last",
-        "24",
-    ]
+    # a corrupted update let through a wide-open gate: trained on a mis-specified reward (the task's
+    # verifier, which wants answers before 'P', while this client rewards the incumbent's own answers), at
+    # the settings that move this team's greedy answers; the canary, judged by the client's feedback,
+    # rolls it back
+    opened = [*FAST, "--canary-reward", "feedback", "--last", "24"]
     opened += ["--set", f"optim.lr={WRONG_LR}", "--set", f"optim.epochs={WRONG_EPOCHS}"]
     opened += ["--set", "trust_region.enabled=false", "--kl-limit", "1e9"]
     opened += ["--margin", "1", "--canary-episodes", "6", "--canary-margin", "0.05"]

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from teamtr.cli.server import ServeConfig
 from teamtr.graphs.chat_model import strip_stop
-from teamtr.serving.conversations import ConversationStoreError
+from teamtr.serving.conversations import ConversationStoreError, threads_path
 
 MESSAGES = ["alpha 12+7", "bravo 30+5", "charlie 1+1", "delta 2+2"]
 
@@ -123,6 +123,17 @@ def test_a_corrupt_conversation_store_stops_the_server_and_is_left_as_it_was(run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conversations.db"]
 
 
+def test_a_corrupt_checkpoint_file_stops_the_server_and_is_left_as_it_was(run_dir, tmp_path):
+    path = threads_path(tmp_path / "conversations.db")
+    garbage = b"SQLite format 3\x00" + bytes(range(256)) * 20
+    path.write_bytes(garbage)
+    with pytest.raises(RuntimeError, match=re.escape(str(path))) as failed:
+        with serve_in_background(_config(run_dir, tmp_path)):
+            pass
+    assert isinstance(failed.value.__cause__, ConversationStoreError)
+    assert path.read_bytes() == garbage
+
+
 def _checkpoint(path, thread: str) -> dict:
     """The thread's saved graph state, read from the file as LangGraph reads it."""
     import sqlite3
@@ -145,7 +156,7 @@ def test_each_request_of_a_thread_is_a_whole_episode_on_the_checkpointed_transcr
         for text in MESSAGES[:3]:
             _ask(server, text, "whole")
     assert [[t.role for t in e.turns] for e in seen] == [["adder1", "adder2", "adder3"]] * 3
-    state = _checkpoint(tmp_path / "conversations.db", "whole")
+    state = _checkpoint(threads_path(tmp_path / "conversations.db"), "whole")
     assert state["task"] == MESSAGES[0] and state["turns"] == 3
     users = [e["text"] for e in state["transcript"] if e.get("user")]
     assert users == MESSAGES[1:3]
@@ -177,7 +188,7 @@ def test_extra_choices_see_the_thread_but_only_the_first_continues_it(run_dir, t
     both = seen[1:3]
     for episode in both:  # each choice acted on the thread so far
         assert MESSAGES[0] in tokenizer.decode(episode.turns[0].prompt_ids)
-    state = _checkpoint(tmp_path / "conversations.db", "forked")
+    state = _checkpoint(threads_path(tmp_path / "conversations.db"), "forked")
     assert [e["text"] for e in state["transcript"] if e.get("user")] == MESSAGES[1:3]
     assert len(state["transcript"]) == 3 * 3 + 2  # three episodes' turns (one per request) + two user messages
     # the thread goes on from choice 0 (the request's seed; choice 1 has a seed derived from it)

@@ -22,7 +22,7 @@ from test_user_graphs import ROOT, example_config, train
 from transformers import AutoTokenizer
 
 from teamtr.graphs.capture import ForeignModelWarning
-from teamtr.serving.conversations import thread_config
+from teamtr.serving.conversations import thread_config, threads_path
 from teamtr.serving.tracing import trajectories_from_store
 
 QUESTIONS = ["2+3+4+5", "6+1+1+7", "9+9+2+1", "4+4+4+4"]
@@ -96,7 +96,7 @@ def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(warm_model_di
     assert QUESTIONS[1] not in first and QUESTIONS[2] not in first
 
     # the conversation is the checkpointed graph state (MessagesState), not a folded string
-    saved = _checkpoint_messages(run_dir / "conversations.db")
+    saved = _checkpoint_messages(threads_path(run_dir / "conversations.db"))
     assert [m.content for m in saved if m.type == "human"] == QUESTIONS[:3]
     assert [m.type for m in saved].count("ai") >= 6  # solver and reviewer, three times
 
@@ -110,7 +110,7 @@ def test_the_tool_team_trains_and_serves_a_thread_across_a_restart(warm_model_di
     fourth = tokenizer.decode(_thread_episodes(run_dir)[3].turns[0].prompt_ids)
     at = [fourth.index(q) for q in QUESTIONS]
     assert at == sorted(at)
-    saved = _checkpoint_messages(run_dir / "conversations.db")
+    saved = _checkpoint_messages(threads_path(run_dir / "conversations.db"))
     assert [m.content for m in saved if m.type == "human"] == QUESTIONS
 
 
