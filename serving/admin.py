@@ -122,32 +122,26 @@ def admin_router(
         except AdapterError as e:
             raise APIError(409, str(e), code="no_candidate") from None
 
+    async def decide(decision: str, step, refused_code: str) -> CandidateDecision:
+        """One all-roles step of the candidate team, answered with the versions it moved and the current ones."""
+        try:
+            versions = await step()
+        except AdapterError as e:
+            raise APIError(409, str(e), code=refused_code) from None
+        return CandidateDecision(decision=decision, versions=versions, current=registry.current_versions())
+
     @router.post("/admin/candidate/promote", response_model=CandidateDecision)
     async def promote() -> CandidateDecision:
-        try:
-            versions = await registry.promote_candidate()
-        except AdapterError as e:
-            raise APIError(409, str(e), code="no_candidate") from None
-        return CandidateDecision(decision="promoted", versions=versions, current=registry.current_versions())
+        return await decide("promoted", registry.promote_candidate, "no_candidate")
 
     @router.post("/admin/candidate/abandon", response_model=CandidateDecision)
     async def abandon() -> CandidateDecision:
-        try:
-            versions = await registry.abandon_candidate()
-        except AdapterError as e:
-            raise APIError(409, str(e), code="no_candidate") from None
-        return CandidateDecision(decision="abandoned", versions=versions, current=registry.current_versions())
+        return await decide("abandoned", registry.abandon_candidate, "no_candidate")
 
     @router.post("/admin/candidate/rollback", response_model=CandidateDecision)
     async def rollback_promotion() -> CandidateDecision:
         """The last promoted candidate team, undone for all its roles at once."""
-        try:
-            versions = await registry.rollback_promotion()
-        except AdapterError as e:
-            raise APIError(409, str(e), code="rollback_refused") from None
-        return CandidateDecision(
-            decision="rolled_back", versions=versions, current=registry.current_versions()
-        )
+        return await decide("rolled_back", registry.rollback_promotion, "rollback_refused")
 
     @router.get("/admin/episodes", response_model=ServedEpisodesResponse)
     async def episodes(
