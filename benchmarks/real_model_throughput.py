@@ -29,6 +29,9 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    The split is measured by timing wrappers around the trainer's own methods (the code that runs is the
    trainer's).
 
+`--profile-team` measures instead, without a server, the team's own CPU per turn and its cProfile (the
+chain team over an engine that answers at once).
+
 Prints the machine's load average before and after (other processes share the CPUs here). One file on
 purpose: a script read top to bottom whose pieces nothing else uses.
 """
@@ -343,6 +346,56 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
     return row
 
 
+# ---- the team's own CPU per turn, no server ------------------------------------------------------------
+def profile_team(model_dir: Path, args: argparse.Namespace) -> None:
+    """`--profile-team`: the chain team over an engine that answers at once (a fixed 16-token completion,
+    SmolLM2's tokenizer and chat template), so all the time is the team's per-turn work: LangGraph,
+    LangChain, capture, chat-template rendering and tokenising. Prints CPU ms per turn, then cProfile's
+    top functions by own time."""
+    import cProfile
+    import pstats
+
+    from transformers import PreTrainedTokenizerFast
+
+    from teamtr.graphs.engine import Generation
+
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    completion = tok("The sum of 10 and 9 is 19, so we have 19+5.", add_special_tokens=False)["input_ids"][
+        :16
+    ]
+
+    class Instant:
+        streams_tokens = False
+
+        def tokenizer(self, base: str = "base") -> Any:
+            return tok
+
+        async def generate(self, prompt_ids: list[int], *, adapter: str | None, **kw: Any) -> Generation:
+            await asyncio.sleep(0)
+            n = len(completion)
+            return Generation(
+                list(prompt_ids), completion, [-0.5] * n, tok.decode(completion), "length", adapter, 0
+            )
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.team_tokens)
+    team = Team.from_engine(chain_roles(sampling=sampling), Instant(), name="chain")
+    tasks = get_task("chain").generate(args.episodes, seed=0)
+    team.run(tasks, seed=0)  # warm-up
+    for _ in range(3):
+        c0 = time.process_time()
+        trajs = team.run(tasks, seed=0)
+        turns = sum(len(t.turns) for t in trajs)
+        print(
+            f"team CPU per turn: {1000 * (time.process_time() - c0) / turns:.2f} ms ({turns} turns)",
+            flush=True,
+        )
+    profiler = cProfile.Profile()
+    profiler.enable()
+    team.run(tasks, seed=0)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -354,9 +407,13 @@ def main() -> None:
     p.add_argument("--stage-group", type=int, default=4)
     p.add_argument("--skip", nargs="*", default=[], choices=["generation", "team", "stage"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/real_model.json"))
+    p.add_argument("--profile-team", action="store_true", help="only the team's CPU per turn, no server")
     args = p.parse_args()
     torch.set_num_threads(1)
     model_dir = Path(resolve_model("smollm2").path)
+    if args.profile_team:
+        profile_team(model_dir, args)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "load_before": load()}
     print("load average before:", results["load_before"], flush=True)
