@@ -192,21 +192,14 @@ class Team(EpisodeRunner):
 
         return act
 
-    async def _route_inline(self, state: TeamState) -> str:
-        return self._route(state)
-
     def _build(self) -> CompiledStateGraph:
         g = StateGraph(TeamState)
         for r in self.roles:
             g.add_node(r.name, self._node(r))
         path_map = [*self.destinations, END]
-        # LangGraph runs a sync edge function in a worker thread at every step; round-robin is a few
-        # comparisons, and the hop (a GIL hand-off, slow on a busy CPU) delays each episode's next request
-        # (docs/models.md, "Throughput on this CPU"). A custom router may block: it keeps its thread.
-        route = self._route_inline if isinstance(self.router, RoundRobin) else self._route
-        g.add_conditional_edges(START, route, path_map)
+        g.add_conditional_edges(START, self._route, path_map)
         for r in self.roles:
-            g.add_conditional_edges(r.name, route, path_map)
+            g.add_conditional_edges(r.name, self._route, path_map)
         return g.compile(name=self.name)
 
     # ---- running episodes ---------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 import pytest
@@ -169,34 +168,6 @@ def test_end_from_custom_router(engine):
     team = Team.from_engine(chain_roles(2), engine, router=one_turn)
     traj = team.run(get_task("chain").generate(1, seed=0), seed=0)[0]
     assert [t.role for t in traj.turns] == ["adder2"]
-
-
-def test_round_robin_routes_on_the_event_loop_and_a_custom_router_in_a_worker(engine):
-    """The round-robin edge runs inline (a worker-thread hop per step delays every episode's next request
-    on a busy CPU); a custom router, which may block, still runs in LangGraph's worker threads."""
-    import threading
-
-    seen: dict[str, set[int]] = {"round_robin": set(), "custom": set()}
-
-    class RecordingRoundRobin(RoundRobin):
-        def __call__(self, state):
-            seen["round_robin"].add(threading.get_ident())
-            return super().__call__(state)
-
-    def custom(state) -> Literal["adder1", "adder2", "__end__"]:
-        seen["custom"].add(threading.get_ident())
-        return ["adder1", "adder2", END][min(len(state["transcript"]), 2)]
-
-    async def run(team: Team) -> tuple[int, list[str]]:
-        traj = (await team.rollout(get_task("chain").generate(2, seed=0), seed=0))[0]
-        return threading.get_ident(), [t.role for t in traj.turns]
-
-    loop_thread, roles = asyncio.run(
-        run(Team.from_engine(chain_roles(2), engine, router=RecordingRoundRobin()))
-    )
-    assert roles == ["adder1", "adder2"] and seen["round_robin"] == {loop_thread}
-    loop_thread, roles = asyncio.run(run(Team.from_engine(chain_roles(2), engine, router=custom)))
-    assert roles == ["adder1", "adder2"] and seen["custom"] and loop_thread not in seen["custom"]
 
 
 def test_threaded_decoding_serves_while_adapters_change(tiny_model_dir, tmp_path):
