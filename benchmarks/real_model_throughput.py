@@ -19,7 +19,8 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    CPU per turn, the spread of each turn wave's sends (a late request joins vLLM's batch steps later)
    and vLLM's prefix-cache hits (from /metrics).
 3. one TeamTR stage with `rollout.engine: vllm` attached to the server: examples/smollm2_team.yaml's
-   team and task and update settings (2 roles, 2 updates), `--stage-prompts` x `--stage-group` episodes
+   team and task and update settings (2 roles, 2 updates) but lr 1e-3, the example's first lr, at
+   which docs/models.md's stage split was measured, `--stage-prompts` x `--stage-group` episodes
    per rollout, held-out evaluation off (run from the repository root, where `examples.smollm2_team`
    imports): wall time split
    into rollout (vLLM sampling), scoring (the trainer's no-grad log-probs: pi_cur of the batch, the
