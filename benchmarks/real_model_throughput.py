@@ -19,8 +19,8 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    CPU per turn, the spread of each turn wave's sends (a late request joins vLLM's batch steps later)
    and vLLM's prefix-cache hits (from /metrics).
 3. one TeamTR stage with `rollout.engine: vllm` attached to the server: examples/smollm2_team.yaml's
-   team and task and update settings (2 roles, 2 updates) but lr 1e-3, the example's first lr, at
-   which docs/models.md's stage split was measured, `--stage-prompts` x `--stage-group` episodes
+   team and task and update settings (2 roles, 2 updates; `--stage-lr`, default the example's 2.5e-4,
+   1e-3 in docs/models.md's first, loaded measurement), `--stage-prompts` x `--stage-group` episodes
    per rollout, held-out evaluation off (run from the repository root, where `examples.smollm2_team`
    imports): wall time split
    into rollout (vLLM sampling), scoring (the trainer's no-grad log-probs: pi_cur of the batch, the
@@ -317,7 +317,7 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
                 "prompts_per_update": args.stage_prompts,
                 "group_size": args.stage_group,
             },
-            "optim": {"lr": 1e-3, "epochs": 2, "minibatch_messages": 16},
+            "optim": {"lr": args.stage_lr, "epochs": 2, "minibatch_messages": 16},
             "trust_region": {"delta": 0.1, "monitor_episodes": 0},
             "eval": {"stage_episodes": 0},
         }
@@ -406,6 +406,7 @@ def main() -> None:
     p.add_argument("--team-tokens", type=int, default=16, help="max tokens per team message")
     p.add_argument("--stage-prompts", type=int, default=4)
     p.add_argument("--stage-group", type=int, default=4)
+    p.add_argument("--stage-lr", type=float, default=2.5e-4, help="examples/smollm2_team.yaml's; was 1e-3")
     p.add_argument("--skip", nargs="*", default=[], choices=["generation", "team", "stage"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/real_model.json"))
     p.add_argument("--profile-team", action="store_true", help="only the team's CPU per turn, no server")
