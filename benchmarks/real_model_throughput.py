@@ -34,7 +34,8 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
 chain team over an engine that answers at once).
 
 Prints the machine's load average before and after (other processes share the CPUs here). One file on
-purpose: a script read top to bottom whose pieces nothing else uses.
+purpose, over 400 lines: a script read top to bottom, its four measurements side by side, whose pieces
+nothing else uses.
 """
 
 from __future__ import annotations
