@@ -15,9 +15,12 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    `--team-tokens` per message, no stop) through `VLLMEngine`, then the same requests (each captured
    turn's prompt ids, adapter and seed, turn after turn per episode, all episodes at once) sent straight
    to the same engine; tokens/s of each and their ratio (the cost of LangGraph, LangChain and capture
-   when vLLM decodes; goal >= 0.9).
+   when vLLM decodes; goal >= 0.9), after a warm-up of both at full size. Per phase also this process's
+   CPU per turn, the spread of each turn wave's sends (a late request joins vLLM's batch steps later)
+   and vLLM's prefix-cache hits (from /metrics).
 3. one TeamTR stage with `rollout.engine: vllm` attached to the server: examples/smollm2_team.yaml's
-   team and task and update settings (2 roles, 2 updates), `--stage-prompts` x `--stage-group` episodes
+   team and task and update settings (2 roles, 2 updates; `--stage-lr`, default the example's 2.5e-4,
+   1e-3 in docs/models.md's first, loaded measurement), `--stage-prompts` x `--stage-group` episodes
    per rollout, held-out evaluation off (run from the repository root, where `examples.smollm2_team`
    imports): wall time split
    into rollout (vLLM sampling), scoring (the trainer's no-grad log-probs: pi_cur of the batch, the
@@ -27,8 +30,12 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    The split is measured by timing wrappers around the trainer's own methods (the code that runs is the
    trainer's).
 
+`--profile-team` measures instead, without a server, the team's own CPU per turn and its cProfile (the
+chain team over an engine that answers at once).
+
 Prints the machine's load average before and after (other processes share the CPUs here). One file on
-purpose: a script read top to bottom whose pieces nothing else uses.
+purpose, over 400 lines: a script read top to bottom, its four measurements side by side, whose pieces
+nothing else uses.
 """
 
 from __future__ import annotations
@@ -160,33 +167,105 @@ async def direct_calls(engine: VLLMEngine, trajs: list[Trajectory], sampling: Sa
         await engine.aclose()  # its HTTP client belongs to this event loop
 
 
-def team_rollouts(vllm: VLLMEngine, args: argparse.Namespace) -> list[dict]:
+class ArrivalLog:
+    """Wraps an engine's `generate` to note when each request is sent (the turn's prompt ready)."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine, self.times = engine, []
+        self._generate = engine.generate
+
+        async def generate(*a: Any, **kw: Any) -> Any:
+            self.times.append(time.perf_counter())
+            return await self._generate(*a, **kw)
+
+        engine.generate = generate  # type: ignore[method-assign]
+
+    def waves(self) -> list[list[float]]:
+        """The sends grouped into turn waves: a wave's requests go out together, the next only after
+        their answers (seconds later here), so a gap over 1 s starts a new wave."""
+        waves: list[list[float]] = []
+        for t in sorted(self.times):
+            if waves and t - waves[-1][-1] < 1.0:
+                waves[-1].append(t)
+            else:
+                waves.append([t])
+        self.times = []
+        return waves
+
+    def close(self) -> None:
+        del self.engine.generate  # back to the class's method
+
+
+def prefix_cache_tokens(server_url: str) -> tuple[float, float]:
+    """vLLM's prefix-cache counters (hit tokens, queried tokens) from /metrics."""
+    import httpx
+
+    hits = queries = 0.0
+    for line in httpx.get(f"{server_url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("vllm:prefix_cache_hits_total"):
+            hits += float(value)
+        elif name.startswith("vllm:prefix_cache_queries_total"):
+            queries += float(value)
+    return hits, queries
+
+
+def team_rollouts(vllm: VLLMEngine, server_url: str, args: argparse.Namespace) -> list[dict]:
+    """Per phase also: this process's CPU seconds (the client side: LangGraph, LangChain, capture, chat
+    template and HTTP for the team; HTTP alone for the direct requests), how far apart the requests of
+    one turn wave reach vLLM (a late request joins the decode batch steps later), and vLLM's prefix-cache
+    hits (the direct requests repeat the team's prompts)."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.team_tokens)
     team = Team.from_engine(chain_roles(sampling=sampling), vllm, name="chain")
     task = get_task("chain")
     rows = []
-    team.run(task.generate(2, seed=99), seed=99)  # warm-up
-    for k in range(args.repeats):
-        tasks = task.generate(args.episodes, seed=k)
-        t0 = time.perf_counter()
-        trajs = team.run(tasks, seed=k)
-        team_s = time.perf_counter() - t0
-        team_tokens = sum(len(t.completion_ids) for traj in trajs for t in traj.turns)
-        t0 = time.perf_counter()
-        direct_tokens = asyncio.run(direct_calls(vllm, trajs, sampling))
-        direct_s = time.perf_counter() - t0
-        rows.append(
-            {
-                "episodes": args.episodes,
-                "team_tok_s": round(team_tokens / team_s, 1),
-                "direct_tok_s": round(direct_tokens / direct_s, 1),
-                "team_over_direct": round((team_tokens / team_s) / (direct_tokens / direct_s), 3),
-                "team_tokens": team_tokens,
-                "direct_tokens": direct_tokens,
-                "load": load(),
-            }
-        )
-        print(rows[-1], flush=True)
+    warm = team.run(task.generate(args.episodes, seed=99), seed=99)  # warm-up at full size, both paths
+    asyncio.run(direct_calls(vllm, warm, sampling))
+    arrivals = ArrivalLog(vllm)
+    try:
+        for k in range(args.repeats):
+            tasks = task.generate(args.episodes, seed=k)
+            hits0, queries0 = prefix_cache_tokens(server_url)
+            t0, c0 = time.perf_counter(), time.process_time()
+            trajs = team.run(tasks, seed=k)
+            team_s, team_cpu = time.perf_counter() - t0, time.process_time() - c0
+            team_waves = arrivals.waves()
+            hits1, queries1 = prefix_cache_tokens(server_url)
+            team_tokens = sum(len(t.completion_ids) for traj in trajs for t in traj.turns)
+            t0, c0 = time.perf_counter(), time.process_time()
+            direct_tokens = asyncio.run(direct_calls(vllm, trajs, sampling))
+            direct_s, direct_cpu = time.perf_counter() - t0, time.process_time() - c0
+            direct_waves = arrivals.waves()
+            hits2, queries2 = prefix_cache_tokens(server_url)
+            turns = sum(len(traj.turns) for traj in trajs)
+            spread = lambda waves: [round(1000 * (w[-1] - w[0]), 1) for w in waves]  # noqa: E731
+            rows.append(
+                {
+                    "episodes": args.episodes,
+                    "team_tok_s": round(team_tokens / team_s, 1),
+                    "direct_tok_s": round(direct_tokens / direct_s, 1),
+                    "team_over_direct": round((team_tokens / team_s) / (direct_tokens / direct_s), 3),
+                    "team_tokens": team_tokens,
+                    "direct_tokens": direct_tokens,
+                    "team_s": round(team_s, 1),
+                    "direct_s": round(direct_s, 1),
+                    "client_cpu_ms_per_turn": {
+                        "team": round(1000 * team_cpu / turns, 2),
+                        "direct": round(1000 * direct_cpu / turns, 2),
+                    },
+                    "wave_sizes": {
+                        "team": [len(w) for w in team_waves],
+                        "direct": [len(w) for w in direct_waves],
+                    },
+                    "wave_spread_ms": {"team": spread(team_waves), "direct": spread(direct_waves)},
+                    "prefix_cache_hit_tokens": {"team": hits1 - hits0, "direct": hits2 - hits1},
+                    "prefix_cache_query_tokens": {"team": queries1 - queries0, "direct": queries2 - queries1},
+                    "load": load(),
+                }
+            )
+            print(rows[-1], flush=True)
+    finally:
+        arrivals.close()
     return rows
 
 
@@ -239,7 +318,7 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
                 "prompts_per_update": args.stage_prompts,
                 "group_size": args.stage_group,
             },
-            "optim": {"lr": 1e-3, "epochs": 2, "minibatch_messages": 16},
+            "optim": {"lr": args.stage_lr, "epochs": 2, "minibatch_messages": 16},
             "trust_region": {"delta": 0.1, "monitor_episodes": 0},
             "eval": {"stage_episodes": 0},
         }
@@ -269,6 +348,56 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
     return row
 
 
+# ---- the team's own CPU per turn, no server ------------------------------------------------------------
+def profile_team(model_dir: Path, args: argparse.Namespace) -> None:
+    """`--profile-team`: the chain team over an engine that answers at once (a fixed 16-token completion,
+    SmolLM2's tokenizer and chat template), so all the time is the team's per-turn work: LangGraph,
+    LangChain, capture, chat-template rendering and tokenising. Prints CPU ms per turn, then cProfile's
+    top functions by own time."""
+    import cProfile
+    import pstats
+
+    from transformers import PreTrainedTokenizerFast
+
+    from teamtr.graphs.engine import Generation
+
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    completion = tok("The sum of 10 and 9 is 19, so we have 19+5.", add_special_tokens=False)["input_ids"][
+        :16
+    ]
+
+    class Instant:
+        streams_tokens = False
+
+        def tokenizer(self, base: str = "base") -> Any:
+            return tok
+
+        async def generate(self, prompt_ids: list[int], *, adapter: str | None, **kw: Any) -> Generation:
+            await asyncio.sleep(0)
+            n = len(completion)
+            return Generation(
+                list(prompt_ids), completion, [-0.5] * n, tok.decode(completion), "length", adapter, 0
+            )
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.team_tokens)
+    team = Team.from_engine(chain_roles(sampling=sampling), Instant(), name="chain")
+    tasks = get_task("chain").generate(args.episodes, seed=0)
+    team.run(tasks, seed=0)  # warm-up
+    for _ in range(3):
+        c0 = time.process_time()
+        trajs = team.run(tasks, seed=0)
+        turns = sum(len(t.turns) for t in trajs)
+        print(
+            f"team CPU per turn: {1000 * (time.process_time() - c0) / turns:.2f} ms ({turns} turns)",
+            flush=True,
+        )
+    profiler = cProfile.Profile()
+    profiler.enable()
+    team.run(tasks, seed=0)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -278,11 +407,16 @@ def main() -> None:
     p.add_argument("--team-tokens", type=int, default=16, help="max tokens per team message")
     p.add_argument("--stage-prompts", type=int, default=4)
     p.add_argument("--stage-group", type=int, default=4)
+    p.add_argument("--stage-lr", type=float, default=2.5e-4, help="examples/smollm2_team.yaml's; was 1e-3")
     p.add_argument("--skip", nargs="*", default=[], choices=["generation", "team", "stage"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/real_model.json"))
+    p.add_argument("--profile-team", action="store_true", help="only the team's CPU per turn, no server")
     args = p.parse_args()
     torch.set_num_threads(1)
     model_dir = Path(resolve_model("smollm2").path)
+    if args.profile_team:
+        profile_team(model_dir, args)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "load_before": load()}
     print("load average before:", results["load_before"], flush=True)
@@ -303,7 +437,7 @@ def main() -> None:
         if "generation" not in args.skip:
             results["generation"] = generation({"embedded": embedded, "vllm": vllm}, args)
         if "team" not in args.skip:
-            results["team_rollouts"] = team_rollouts(vllm, args)
+            results["team_rollouts"] = team_rollouts(vllm, server.url, args)
         del embedded  # the stage loads the trainer's own engine
         if "stage" not in args.skip:
             results["stage"] = teamtr_stage(model_dir, server, work, args)
