@@ -39,3 +39,17 @@ def test_a_run_that_only_falls_keeps_the_warm_start(tmp_path):
     write_run(tmp_path, [0.50, 0.48, 0.47])
     stages = stage_returns(tmp_path)
     assert stages["best"] == 0 and stages["losses_beyond_noise"] == []  # small drops are within noise
+
+
+def test_examples_demo_yaml_holds_the_demo_settings():
+    """`teamtr demo --config examples/demo.yaml` trains what `teamtr demo` does (docs/training.md gives
+    the measurements behind DEMO_CONFIG); only where the run goes and how its team is named differ."""
+    from pathlib import Path
+
+    from teamtr.training.config import TrainConfig
+    from teamtr.training.demo import DEMO_CONFIG
+
+    example = TrainConfig.from_yaml(Path(__file__).resolve().parents[1] / "examples" / "demo.yaml")
+    demo = TrainConfig.from_dict(DEMO_CONFIG)
+    same = {"run_dir": example.run_dir, "team.roles": "teamtr.graphs.chain_team:chain_roles"}
+    assert example.model_dump() == demo.with_overrides(same).model_dump()
