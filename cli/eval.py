@@ -20,7 +20,7 @@ from rich.console import Console
 from teamtr.evals.runners import MAX_NEW_TOKENS, default_roles  # per-family message budget, generic team
 from teamtr.graphs.roles import Role
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.run_dir import RunDir
+from teamtr.training.run_dir import RunDir, versions_after_stage
 
 app = typer.Typer()
 
@@ -39,8 +39,13 @@ class EvalTeam:
     team_options: dict[str, Any] = field(default_factory=dict)  # a run's router / max_turns (RunDir)
 
 
-def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None = 1) -> EvalTeam:
-    """`warm`, a model directory or a run directory -> the team to evaluate (one-line errors otherwise)."""
+def load_eval_team(
+    source: str, task: str, n_roles: int = 3, threads: int | None = 1, stage: int | None = None
+) -> EvalTeam:
+    """`warm`, a model directory or a run directory -> the team to evaluate (one-line errors otherwise); a
+    run's newest adapters, or those after `stage` of its stages."""
+    if stage is not None and (source == "warm" or not (Path(source) / "config.yaml").is_file()):
+        raise ValueError(f"--stage {stage} needs a run directory, not {source}")
     if source == "warm":
         from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
@@ -58,8 +63,9 @@ def load_eval_team(source: str, task: str, n_roles: int = 3, threads: int | None
                 "task family; a graph run's held-out return is in its metrics.jsonl (`eval` records) and "
                 "`teamtr serve` serves it"
             )
-        adapters = {a: d for a, (_, d) in run.latest_adapters().items()}
-        engine = run.engine(threads=threads)
+        versions = None if stage is None else versions_after_stage(run.path, stage)
+        adapters = {a: d for a, (_, d) in run.latest_adapters(versions).items()}
+        engine = run.engine(version=versions, threads=threads)
         return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)
     if (path / "config.json").is_file():
         return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
@@ -124,6 +130,12 @@ def eval_command(
     responses: Annotated[
         Path | None, typer.Option(help="score a JSONL of {id, response[, tokens]} instead of running a team")
     ] = None,
+    stage: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="a run's adapters after this many stages (default: the newest; 0: the start)"
+        ),
+    ] = None,
     roles: Annotated[int, typer.Option(min=1, help="generic solver roles when the team has none")] = 3,
     single_turns: Annotated[
         int | None,
@@ -177,7 +189,7 @@ def eval_command(
     team = None
     if team_or_run_dir is not None:  # check the team before spending time on instances
         try:
-            team = load_eval_team(team_or_run_dir, task, roles, threads)
+            team = load_eval_team(team_or_run_dir, task, roles, threads, stage)
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
     family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)

@@ -50,12 +50,19 @@ def serve(
     host: str = typer.Option(None, help="bind address (default 127.0.0.1)"),
     port: int = typer.Option(None, help="port (default 8000)"),
     team_name: str = typer.Option(None, help="serve a run directory's team under this name"),
+    stage: int = typer.Option(
+        None,
+        min=0,
+        help="a run directory's adapters after this many stages (default: the newest; 0: the start)",
+    ),
     api_key: list[str] = typer.Option(None, help="accepted chat API key (repeatable; env TEAMTR_API_KEYS)"),
     admin_key: str = typer.Option(None, envvar="TEAMTR_ADMIN_KEY", help="key of the /admin endpoints"),
     otlp_endpoint: str = typer.Option(
         None, help="also export spans by OTLP/HTTP, e.g. http://host:6006/v1/traces"
     ),
-    device: str = typer.Option(None, help="embedded engine device: auto | cpu | cuda | cuda:K (default auto)"),
+    device: str = typer.Option(
+        None, help="embedded engine device: auto | cpu | cuda | cuda:K (default auto)"
+    ),
     dtype: str = typer.Option(None, help="embedded engine dtype: auto | float32 | bfloat16 | float16"),
 ) -> None:
     """Serve a team as an OpenAI-compatible chat API (model = team name)."""
@@ -77,7 +84,9 @@ def serve(
     if vllm_url and not engine:
         overrides["engine"] = "vllm"
     if source.is_dir():
-        config = ServeConfig.from_run_dir(source, team_name, **overrides)
+        config = ServeConfig.from_run_dir(source, team_name, stage, **overrides)
+    elif stage is not None:
+        raise typer.BadParameter("--stage needs a run directory (a serve config gives `stage:` per team)")
     elif source.is_file():
         config = ServeConfig.from_yaml(source, **overrides)
     else:

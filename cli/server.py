@@ -45,6 +45,7 @@ from teamtr.training.run_dir import (
     build_team,
     read_config,
     roles_from_factory,
+    versions_after_stage,
     with_bases,
 )
 from teamtr.training.user_graph import RoleGraphTeam
@@ -67,6 +68,7 @@ class ServedTeamConfig(BaseModel):
     max_turns: int | None = Field(None, ge=1)
     role_bases: dict[str, str] = Field(default_factory=dict)  # role -> base model name (over the run's)
     run_dir: str | None = None  # a training run: the newest adapters/<adapter>/v<N>/ of each role is served
+    stage: int | None = Field(None, ge=0)  # ... or those after this many of its stages (0: the start)
     adapters: dict[str, str] = Field(default_factory=dict)  # adapter -> peft dir (overrides run_dir)
     temperature: float | None = Field(0.0, ge=0)  # every role samples at this temperature; None: as declared
     # role -> {temperature|top_p|max_tokens|stop: value}: what a request cannot override (docs/serving.md)
@@ -121,16 +123,23 @@ class ServeConfig(BaseModel):
     base_dir: str = "."  # relative paths resolve here (a run directory, or the config file's folder)
 
     @classmethod
-    def from_run_dir(cls, run_dir: str | Path, team_name: str | None = None, **overrides: Any) -> ServeConfig:
-        """Serve one training run as the team `team_name` (default: the directory's name)."""
+    def from_run_dir(
+        cls, run_dir: str | Path, team_name: str | None = None, stage: int | None = None, **overrides: Any
+    ) -> ServeConfig:
+        """Serve one training run as the team `team_name` (default: the directory's name): its newest
+        adapters, or those after `stage` stages (`teamtr demo` keeps the best stage, not the last)."""
         run = RunDir(run_dir)  # a clear error now if it is not a run or has no adapters
-        run.latest_adapters()
+        run.latest_adapters(None if stage is None else versions_after_stage(run.path, stage))
         team_cfg = run.config.team
         return cls(
             # absolute: the config's relative paths are relative to where training ran, not to base_dir
             model=str(Path(run.model_path(progress=True)).resolve()),
             bases={name: str(Path(p).resolve()) for name, p in team_cfg.bases.items()},
-            teams={team_name or run.path.resolve().name: ServedTeamConfig(run_dir=str(run.path.resolve()))},
+            teams={
+                team_name or run.path.resolve().name: ServedTeamConfig(
+                    run_dir=str(run.path.resolve()), stage=stage
+                )
+            },
             base_dir=str(run.path),
             **{"conversations_path": CONVERSATIONS_DB, **overrides},
         )
@@ -241,14 +250,20 @@ def build_engine(config: ServeConfig, model: Path, max_lora_rank: int = 16) -> t
         from teamtr.serving.embedded import EmbeddedEngine
 
         engine = EmbeddedEngine(
-            bases, threads=config.torch_threads, decode_in_thread=True, device=config.device, dtype=config.dtype
+            bases,
+            threads=config.torch_threads,
+            decode_in_thread=True,
+            device=config.device,
+            dtype=config.dtype,
         )
         return engine, []
     from teamtr.serving.vllm_engine import VLLMEngine
     from teamtr.serving.vllm_server import attach_vllm_server, start_vllm_server
 
-    if config.vllm_urls or config.vllm_replicas * config.vllm_tensor_parallel_size > 1 or (
-        config.vllm_pipeline_parallel_size > 1
+    if (
+        config.vllm_urls
+        or config.vllm_replicas * config.vllm_tensor_parallel_size > 1
+        or (config.vllm_pipeline_parallel_size > 1)
     ):
         from teamtr.serving.vllm_replicas import open_replica_engine
 
@@ -281,7 +296,8 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
     """Engine, registry with each role's newest adapter version live, teams, tracer, app."""
     # first: a corrupt conversation store stops the server before anything is loaded (and stays as it is)
     conversations = Conversations(
-        ServeSettings.max_conversations, config.path(config.conversations_path) if config.conversations_path else None
+        ServeSettings.max_conversations,
+        config.path(config.conversations_path) if config.conversations_path else None,
     )
     model = model_dir(config)
     vllm_servers: list[Any] = []
@@ -298,7 +314,8 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
             raise ValueError(
                 f"team {name!r}: no adapter for roles {[r.name for r in from_run]}: give run_dir or `adapters:`"
             )
-        saved = run.latest_adapters(roles=from_run) if from_run else {}
+        versions = None if run is None or spec.stage is None else versions_after_stage(run.path, spec.stage)
+        saved = run.latest_adapters(versions, roles=from_run) if from_run else {}
         for role in pending:
             if role.adapter in registry.adapters():  # two roles of the team share an adapter
                 continue
@@ -337,5 +354,7 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
         request_timeout_s=config.request_timeout_s,
         drain_timeout_s=config.drain_timeout_s,
     )
-    app = create_app(teams, registry, tracer, settings, on_trajectory=on_trajectory, conversations=conversations)
+    app = create_app(
+        teams, registry, tracer, settings, on_trajectory=on_trajectory, conversations=conversations
+    )
     return Server(app, engine, registry, tracer, teams, vllm_servers, conversations)

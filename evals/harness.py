@@ -56,6 +56,8 @@ class EvalResult:
     by_difficulty: dict[str, dict]
     records: list[InstanceRecord] = field(default_factory=list, repr=False)
     baseline: dict | None = None
+    # majority vote over each instance's k extracted answers (self-consistency: no verifier picks)
+    majority_at_k: dict | None = None
 
     def as_dict(self, with_records: bool = False) -> dict:
         d = asdict(self)
@@ -123,6 +125,7 @@ def score(
     for r in records:
         groups[r.difficulty].append(r.rewards)
     tokens = [t for r in records for t in r.completion_tokens]
+    majority = [_majority_correct(family, inst, eps) for inst, eps in zip(instances, episodes, strict=True)]
     return EvalResult(
         task=family.name,
         k=k,
@@ -135,6 +138,7 @@ def score(
             d: {"instances": len(g), **summarize(g, k, seed=seed)} for d, g in sorted(groups.items())
         },
         records=records,
+        majority_at_k=summarize([[m] for m in majority], 1, seed=seed)["avg_at_k"],
     )
 
 
@@ -186,7 +190,6 @@ def best_of_n(
     rest = run_in_batches(runner, instances, n - 1, batch_size, f"best-of-{n}", progress) if n > 1 else None
     episodes = [p + (r if rest else []) for p, r in zip(pilot, rest or [[]] * len(pilot), strict=True)]
     result = score(family, instances, episodes, n, seed)
-    majority = [_majority_correct(family, inst, eps) for inst, eps in zip(instances, episodes, strict=True)]
     return {
         "kind": "best-of-n",
         "n": n,
@@ -195,7 +198,7 @@ def best_of_n(
         "team_budget": team.tokens_per_episode * team.k,
         "single_budget": result.tokens_per_episode * n,
         "best_of_n": result.pass_at_k,  # oracle selection with the exact verifier = pass@N
-        "majority_at_n": summarize([[m] for m in majority], 1, seed=seed)["avg_at_k"],
+        "majority_at_n": result.majority_at_k,
         "avg_at_n": result.avg_at_k,
         "pass_at_k_curve": result.pass_at_k_curve,
     }

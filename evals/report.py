@@ -25,6 +25,8 @@ def result_table(result: EvalResult) -> Table:
     for difficulty, row in result.by_difficulty.items():
         table.add_row(difficulty, str(row["instances"]), _fmt(row["pass_at_k"]), _fmt(row["avg_at_k"]))
     table.add_row("all", str(result.instances), _fmt(result.pass_at_k), _fmt(result.avg_at_k), style="bold")
+    if result.k > 1 and result.majority_at_k:
+        table.add_row(f"majority vote of {result.k}", "", "", _fmt(result.majority_at_k))
     if result.baseline:
         b = result.baseline
         table.caption = (

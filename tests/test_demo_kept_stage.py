@@ -4,8 +4,9 @@ lost return beyond the noise of two binomial estimates."""
 
 from __future__ import annotations
 
-from teamtr.training.demo import stage_returns, versions_after_stage
+from teamtr.training.demo import stage_returns
 from teamtr.training.metrics import MetricsLog
+from teamtr.training.run_dir import versions_after_stage
 
 
 def write_run(path, returns: list[float], episodes: int = 100) -> None:

@@ -69,6 +69,25 @@ def test_evaluate_scores_with_the_family_verifier_and_breaks_down_by_difficulty(
     assert result.tokens_per_episode == 10
 
 
+def test_the_team_majority_vote_counts_the_most_common_answer_not_any_right_one():
+    family = get_task("split")
+    instances = family.generate(4, 0)
+
+    def runner(right: int):
+        def answers(instances, samples):
+            return [
+                [Episode(inst.answer if g < right else "z9", completion_tokens=10) for g in range(samples)]
+                for inst in instances
+            ]
+
+        return answers
+
+    mostly_right = evaluate(family, instances, runner(2), k=3, progress=False)
+    once_right = evaluate(family, instances, runner(1), k=3, progress=False)
+    assert mostly_right.majority_at_k["value"] == 1.0 and mostly_right.pass_at_k["value"] == 1.0
+    assert once_right.majority_at_k["value"] == 0.0 and once_right.pass_at_k["value"] == 1.0
+
+
 def test_best_of_n_matches_the_team_token_budget():
     family = get_task("split")
     instances = family.generate(5, 1)

@@ -105,6 +105,35 @@ def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
         shutil.rmtree(renamed_run.adapter_dir("lora-second", newest["lora-second"] + 1))
 
 
+def test_a_run_is_served_and_evaluated_at_an_earlier_stage(renamed_run):
+    """`teamtr serve/eval RUN --stage K`: the adapters after K stages (the demo keeps its best stage, not
+    the last); a stage the run never reached is refused with the run's range."""
+    from serving_fixtures import serve_in_background
+
+    from teamtr.cli.eval import load_eval_team
+    from teamtr.cli.server import ServeConfig
+    from teamtr.training.run_dir import versions_after_stage
+
+    newest = {a: v for a, (v, _) in renamed_run.latest_adapters().items()}
+    assert any(v > 0 for v in newest.values())  # the stage moved something, so stage 0 differs
+    assert versions_after_stage(renamed_run.path, 1) == newest
+    start = versions_after_stage(renamed_run.path, 0)
+    assert start == {a: 0 for a in newest}
+    team = load_eval_team(str(renamed_run.path), "chain", stage=0)
+    assert team.adapters == {a: renamed_run.adapter_dir(a, 0) for a in newest}
+    assert {a: team.engine.adapter_version(a) for a in newest} == start
+    with pytest.raises(RunDirError, match="stage 2 is not one of this run's 0..1"):
+        load_eval_team(str(renamed_run.path), "chain", stage=2)
+    with pytest.raises(RunDirError, match="stage 2"):
+        ServeConfig.from_run_dir(renamed_run.path, "chain", stage=2)
+    config = ServeConfig.from_run_dir(renamed_run.path, "chain", stage=0, tracing={"sqlite_path": None})
+    with serve_in_background(config) as server:
+        assert server.server.registry.current_versions() == start
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(model="chain", messages=[{"role": "user", "content": "1+2+3"}])
+        assert reply.model_extra["teamtr"]["adapter_versions"] == {"first": 0, "second": 0, "third": 0}
+
+
 def test_the_engine_uses_the_runs_lora_settings(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run", lora_targets=["q_proj"], lora_rank=2)
     run = RunDir.create(cfg)

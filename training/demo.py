@@ -28,7 +28,7 @@ from teamtr.serving.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
 from teamtr.training.metrics import read_metrics
 from teamtr.training.progress import RichCallbacks, TrainingProgress, progress_bars
-from teamtr.training.run_dir import RunDir, model_path
+from teamtr.training.run_dir import RunDir, model_path, versions_after_stage
 from teamtr.training.trainer import Trainer, held_out_return
 
 # the final test tasks' generator seed: disjoint from task.eval_seed's stage evaluations, which choose
@@ -94,16 +94,6 @@ def stage_returns(run_dir: Path | str) -> dict[str, Any]:
         if returns[k] - returns[k - 1] < -2 * (se[k] ** 2 + se[k - 1] ** 2) ** 0.5
     ]
     return {"returns": returns, "se": se, "best": returns.index(max(returns)), "losses_beyond_noise": losses}
-
-
-def versions_after_stage(run_dir: Path | str, stage_count: int) -> dict[str, int]:
-    """adapter -> its version once `stage_count` stages were done (0: v0, the warm start)."""
-    versions: dict[str, int] = {}
-    for u in read_metrics(Path(run_dir), kind="update"):
-        versions.setdefault(u["adapter"], 0)
-        if u["stage"] < stage_count:
-            versions[u["adapter"]] = u["version_after"]
-    return versions
 
 
 def train_and_evaluate(
@@ -198,6 +188,8 @@ def run_demo(
     console.print(
         f"summary: {out / 'summary.json'}\nplots: {out / 'report'}\nrun (metrics, adapters): {run_dir}"
     )
+    stage_flag = "" if result["kept_stage"] == summary["stages"] else f" --stage {result['kept_stage']}"
+    console.print(f"serve the team reported above: teamtr serve {run_dir}{stage_flag}")
     return summary
 
 

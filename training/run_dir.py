@@ -34,6 +34,7 @@ from teamtr.serving.registry import version_dirs
 from teamtr.serving.vllm_server import VLLMServerError
 from teamtr.training.checkpoint import adapter_dir
 from teamtr.training.config import TeamConfig, TrainConfig
+from teamtr.training.metrics import read_metrics
 from teamtr.training.user_graph import RoleGraphTeam, UserGraphError, check_order, data_family, load_object
 from teamtr.training.vllm_rollouts import RolloutEngineError, VLLMRollouts, open_vllm_rollouts
 
@@ -175,6 +176,22 @@ def model_path(cfg: TrainConfig, progress: bool = False) -> str:
 
 
 # ---- the run directory ------------------------------------------------------------------------------
+
+
+def versions_after_stage(run_dir: str | Path, stage_count: int) -> dict[str, int]:
+    """adapter -> its version once `stage_count` stages were done (0: v0, the warm start), from the run's
+    update records (training/metrics.py): a stage's rejected update leaves the version where it was."""
+    finished = len(read_metrics(Path(run_dir), kind="stage"))
+    if not 0 <= stage_count <= finished:
+        raise RunDirError(
+            f"{run_dir}: stage {stage_count} is not one of this run's 0..{finished} (0: the start)"
+        )
+    versions: dict[str, int] = {}
+    for u in read_metrics(Path(run_dir), kind="update"):
+        versions.setdefault(u["adapter"], 0)
+        if u["stage"] < stage_count:
+            versions[u["adapter"]] = u["version_after"]
+    return versions
 
 
 class RunDir:
