@@ -87,10 +87,14 @@ def append_cell(path: Path, record: dict[str, Any]) -> None:
 def warm_model(task: str, n: int, cfg: StudyConfig) -> str:
     if cfg.model:
         return cfg.model
-    from teamtr.training.warmstart import ensure_warm_model, warm_config_for
+    from teamtr.training.warmstart import ensure_warm_model, load_report, warm_config_for
 
     options = {} if task == "chain" else {"task_options": {"steps": n}}
-    return str(ensure_warm_model(warm_config_for(task, steps=n, **options), progress=False))
+    path = ensure_warm_model(warm_config_for(task, steps=n, **options), progress=False)
+    report = load_report(path)
+    if not report.in_band:  # no arm can learn from a model outside its band: stop before spending the runs
+        raise RuntimeError(f"{task} n = {n}: the warm start ended outside its band: {report.summary()}")
+    return str(path)
 
 
 def train_config(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig, budget: int | None):
