@@ -144,7 +144,26 @@ def run_warm(task: str, n: int, model: str, cfg: StudyConfig) -> dict[str, Any]:
     )
     run = RunDir.create(tcfg)
     rewards = evaluate(run.engine("fresh"), run, 0)  # fresh LoRA adapters (B = 0): the warm model itself
-    return {"rewards": rewards, "accuracy": float(np.mean(rewards)), "model": model}
+    return {"rewards": rewards, "accuracy": float(np.mean(rewards)), "model": model, **warm_build(model)}
+
+
+def warm_build(model: str) -> dict[str, Any]:
+    """How the warm model was built (its training/warmstart report), when it is a warm start."""
+    from teamtr.training.warmstart import load_report
+
+    try:
+        report = load_report(model)
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # a model given with --model, not built by training/warmstart
+    return {
+        "build": {
+            "optimizer_steps": report.optimizer_steps,
+            "max_steps": report.config["max_steps"],
+            "team_accuracy": report.greedy.team_accuracy,
+            "in_band": report.in_band,
+            "stopped_because": report.stopped_because,
+        }
+    }
 
 
 def run_arm(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig, budget: int | None):
