@@ -166,6 +166,7 @@ def test_bigger_teams_get_a_bigger_step_budget_and_measured_sizes_keep_their_mod
     # beyond them the budget grows with every role (convention at 4 roles ran out of 600 steps at 0%)
     conv = [budget("convention", n).max_steps for n in (4, 5, 6)]
     assert conv[0] > 600 and conv[0] < conv[1] < conv[2]
+    assert conv[0] == 1300  # the model of the study's convention n = 4 cells (docs/study.md)
     assert 600 < budget("chain", 5).max_steps < budget("chain", 6).max_steps
     # an explicit budget wins; families without a scaled budget keep theirs at any size
     assert budget("convention", 6, max_steps=50).max_steps == 50

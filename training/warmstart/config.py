@@ -140,17 +140,19 @@ FAMILY_SETTINGS: dict[str, dict] = {
 
 # Step budgets that grow with the team, for the families built at several team sizes (the team-size
 # study, docs/study.md): family -> (the most roles the fixed budget was measured to reach the band with,
-# optimizer steps added per role beyond). Team accuracy is the product of every role's accuracy on
-# longer messages, so a bigger team needs more steps: convention at 4 roles was still at 0% team
-# accuracy (first role 62%) when the 600 steps ran out. The build stops at the band, so a budget
-# larger than needed costs nothing; sizes within the measured ones keep their budget (and cache key).
+# a step count). k roles beyond those get 1 + 2 + ... + k times that step count more: team accuracy is
+# the product of every role's accuracy on messages that lengthen with the team, so each role added
+# costs more than the last (docs/study.md, "Warm starts", has the measured builds). The build stops at
+# the band, so a budget larger than needed costs nothing; the sizes within the measured ones keep their
+# budget, hence their cached models.
 ROLE_SCALED_BUDGET: dict[str, tuple[int, int]] = {"chain": (4, 300), "convention": (3, 700)}
 
 
 def max_steps_for(task: str, steps: int, base: int) -> int:
     """The step budget of a `steps`-role team of `task` whose budget at the measured sizes is `base`."""
     measured, per_role = ROLE_SCALED_BUDGET.get(task, (steps, 0))
-    return base + per_role * max(0, steps - measured)
+    extra = max(0, steps - measured)
+    return base + per_role * extra * (extra + 1) // 2
 
 
 def warm_config_for(task: str, **overrides) -> WarmStartConfig:
