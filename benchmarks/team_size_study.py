@@ -87,14 +87,22 @@ def append_cell(path: Path, record: dict[str, Any]) -> None:
 def warm_model(task: str, n: int, cfg: StudyConfig) -> str:
     if cfg.model:
         return cfg.model
-    from teamtr.training.warmstart import ensure_warm_model, load_report, warm_config_for
+    from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
     options = {} if task == "chain" else {"task_options": {"steps": n}}
     path = ensure_warm_model(warm_config_for(task, steps=n, **options), progress=False)
-    report = load_report(path)
-    if not report.in_band:  # no arm can learn from a model outside its band: stop before spending the runs
-        raise RuntimeError(f"{task} n = {n}: the warm start ended outside its band: {report.summary()}")
+    require_in_band(path, f"{task} n = {n}")
     return str(path)
+
+
+def require_in_band(path: str | Path, what: str) -> None:
+    """No arm can learn from a warm model whose build ended outside its band (one at 0% has no reward to
+    learn from): stop before spending the runs on it."""
+    from teamtr.training.warmstart import load_report
+
+    report = load_report(path)
+    if not report.in_band:
+        raise RuntimeError(f"{what}: the warm start ended outside its band: {report.summary()}")
 
 
 def train_config(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig, budget: int | None):
