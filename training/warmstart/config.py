@@ -141,8 +141,8 @@ FAMILY_SETTINGS: dict[str, dict] = {
 # Step budgets that grow with the team, for the families built at several team sizes (the team-size
 # study, docs/study.md): family -> (the most roles the fixed budget was measured to reach the band with,
 # a step count). k roles beyond those get 1 + 2 + ... + k times that step count more: team accuracy is
-# the product of every role's accuracy on messages that lengthen with the team, so each role added
-# costs more than the last (docs/study.md, "Warm starts", has the measured builds). The build stops at
+# the product of every role's accuracy on messages that lengthen with the team, so a bigger team can
+# need many more steps (not always: docs/study.md, "Results", has the measured builds). The build stops at
 # the band, so a budget larger than needed costs nothing; the sizes within the measured ones keep their
 # budget, hence their cached models.
 ROLE_SCALED_BUDGET: dict[str, tuple[int, int]] = {"chain": (4, 300), "convention": (3, 700)}
