@@ -76,6 +76,7 @@ def analyse(cfg: Any, cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["warm"] = {
                 "accuracy": warm["accuracy"],
                 "ci95": interval(bootstrap_mean(w, cfg.bootstrap, rng)),
+                "build": warm.get("build"),  # steps and stop of its training/warmstart build (newer cells)
             }
             by_seed: dict[str, dict[int, list[float]]] = {}  # arm -> seed -> rewards, for the pairing
             for arm in ARMS:

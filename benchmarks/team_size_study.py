@@ -90,7 +90,19 @@ def warm_model(task: str, n: int, cfg: StudyConfig) -> str:
     from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
     options = {} if task == "chain" else {"task_options": {"steps": n}}
-    return str(ensure_warm_model(warm_config_for(task, steps=n, **options), progress=False))
+    path = ensure_warm_model(warm_config_for(task, steps=n, **options), progress=False)
+    require_in_band(path, f"{task} n = {n}")
+    return str(path)
+
+
+def require_in_band(path: str | Path, what: str) -> None:
+    """No arm can learn from a warm model whose build ended outside its band (one at 0% has no reward to
+    learn from): stop before spending the runs on it."""
+    from teamtr.training.warmstart import load_report
+
+    report = load_report(path)
+    if not report.in_band:
+        raise RuntimeError(f"{what}: the warm start ended outside its band: {report.summary()}")
 
 
 def train_config(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig, budget: int | None):
@@ -140,7 +152,26 @@ def run_warm(task: str, n: int, model: str, cfg: StudyConfig) -> dict[str, Any]:
     )
     run = RunDir.create(tcfg)
     rewards = evaluate(run.engine("fresh"), run, 0)  # fresh LoRA adapters (B = 0): the warm model itself
-    return {"rewards": rewards, "accuracy": float(np.mean(rewards)), "model": model}
+    return {"rewards": rewards, "accuracy": float(np.mean(rewards)), "model": model, **warm_build(model)}
+
+
+def warm_build(model: str) -> dict[str, Any]:
+    """How the warm model was built (its training/warmstart report), when it is a warm start."""
+    from teamtr.training.warmstart import load_report
+
+    try:
+        report = load_report(model)
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # a model given with --model, not built by training/warmstart
+    return {
+        "build": {
+            "optimizer_steps": report.optimizer_steps,
+            "max_steps": report.config["max_steps"],
+            "team_accuracy": report.greedy.team_accuracy,
+            "in_band": report.in_band,
+            "stopped_because": report.stopped_because,
+        }
+    }
 
 
 def run_arm(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig, budget: int | None):

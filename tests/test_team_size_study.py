@@ -70,3 +70,22 @@ def test_the_study_writes_each_cell_once_and_resumes_the_missing_one(tiny_model_
     assert json.loads(again[3])["train_tokens"] == cells[3]["train_tokens"]  # the same seeded run
     study(out, tiny_model_dir, "--report-only")
     assert len((out / "cells.jsonl").read_text().splitlines()) == 4
+
+
+def test_the_study_refuses_a_warm_start_outside_its_band(tmp_path):
+    from teamtr.training.warmstart import build_warm_model, load_report, warm_config_for
+    from teamtr.training.warmstart.report import write_report
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from team_size_study import require_in_band
+
+    tiny = dict(hidden=64, layers=2, heads=2, batch_size=4, max_steps=1, eval_every=1, eval_tasks=3,
+                final_eval_tasks=3, sampled_eval_tasks=2, samples_per_task=2)  # fmt: skip
+    report = build_warm_model(warm_config_for("convention", **tiny), tmp_path, progress=False)
+    assert not report.in_band  # one step from scratch: no task right
+    with pytest.raises(RuntimeError, match="convention n = 4: the warm start ended outside its band"):
+        require_in_band(tmp_path, "convention n = 4")
+    report = load_report(tmp_path)
+    report.in_band = True
+    write_report(report, tmp_path)
+    require_in_band(tmp_path, "convention n = 4")  # inside: no error

@@ -153,6 +153,26 @@ def test_chain_demo_cache_key_is_pinned(monkeypatch):
     )  # = defaults
 
 
+def test_bigger_teams_get_a_bigger_step_budget_and_measured_sizes_keep_their_models():
+    def budget(task: str, n: int, **extra) -> WarmStartConfig:
+        options = {} if task == "chain" else {"task_options": {"steps": n}}
+        return warm_config_for(task, steps=n, **options, **extra)
+
+    # the sizes the fixed budget was measured on keep it, and so their cached models (cache keys)
+    assert [budget("chain", n).max_steps for n in (2, 3, 4)] == [600] * 3
+    assert [budget("convention", n).max_steps for n in (2, 3)] == [600] * 2
+    assert budget("chain", 3).cache_key() == CHAIN_DEMO_KEY
+    assert warm_config_for("convention").max_steps == 600
+    # beyond them the budget grows with every role (convention at 4 roles ran out of 600 steps at 0%)
+    conv = [budget("convention", n).max_steps for n in (4, 5, 6)]
+    assert conv[0] > 600 and conv[0] < conv[1] < conv[2]
+    assert conv[0] == 1300  # the model of the study's convention n = 4 cells (docs/study.md)
+    assert 600 < budget("chain", 5).max_steps < budget("chain", 6).max_steps
+    # an explicit budget wins; families without a scaled budget keep theirs at any size
+    assert budget("convention", 6, max_steps=50).max_steps == 50
+    assert warm_config_for("countdown", steps=6).max_steps == FAMILY_SETTINGS["countdown"]["max_steps"]
+
+
 def test_config_rejects_unknown_tasks_and_chain_options():
     with pytest.raises(ValueError, match="unknown task"):
         WarmStartConfig(task="nope")

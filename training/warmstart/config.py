@@ -138,9 +138,32 @@ FAMILY_SETTINGS: dict[str, dict] = {
 }
 
 
+# Step budgets that grow with the team, for the families built at several team sizes (the team-size
+# study, docs/study.md): family -> (the most roles the fixed budget was measured to reach the band with,
+# a step count). k roles beyond those get 1 + 2 + ... + k times that step count more: team accuracy is
+# the product of every role's accuracy on messages that lengthen with the team, so a bigger team can
+# need many more steps (not always: docs/study.md, "Results", has the measured builds). The build stops at
+# the band, so a budget larger than needed costs nothing; the sizes within the measured ones keep their
+# budget, hence their cached models.
+ROLE_SCALED_BUDGET: dict[str, tuple[int, int]] = {"chain": (4, 300), "convention": (3, 700)}
+
+
+def max_steps_for(task: str, steps: int, base: int) -> int:
+    """The step budget of a `steps`-role team of `task` whose budget at the measured sizes is `base`."""
+    measured, per_role = ROLE_SCALED_BUDGET.get(task, (steps, 0))
+    extra = max(0, steps - measured)
+    return base + per_role * extra * (extra + 1) // 2
+
+
 def warm_config_for(task: str, **overrides) -> WarmStartConfig:
     """The warm-start config of a task family: `WarmStartConfig()` itself for `chain` (the demo model)
-    and for names without a warm start (real benchmarks); else FAMILY_SETTINGS."""
-    if task == "chain" or task not in FAMILY_SETTINGS:
-        return WarmStartConfig(**overrides)
-    return WarmStartConfig(task=task, **{**FAMILY_SETTINGS[task], **overrides})
+    and for names without a warm start (real benchmarks); else FAMILY_SETTINGS. For the families of
+    ROLE_SCALED_BUDGET the step budget grows with `steps` unless `max_steps` is given."""
+    settings = (
+        {} if task == "chain" or task not in FAMILY_SETTINGS else {"task": task, **FAMILY_SETTINGS[task]}
+    )
+    if "max_steps" not in overrides and task in ROLE_SCALED_BUDGET:
+        steps = overrides.get("steps", WarmStartConfig.steps)
+        base = settings.get("max_steps", WarmStartConfig.max_steps)
+        settings["max_steps"] = max_steps_for(task, steps, base)
+    return WarmStartConfig(**{**settings, **overrides})
