@@ -267,7 +267,7 @@ def held_out_accuracy(traffic: Traffic) -> list[float]:
     return [FAMILY.verify(instance, a) for a in traffic.answers(HELD_OUT)]
 
 
-ROUNDS = 4  # improve runs one after another on the same traffic, until the held-out accuracy has risen
+ROUNDS = 6  # improve runs one after another on the same traffic, until the held-out accuracy has risen
 
 
 def serve_training_prompts(traffic: Traffic) -> None:
