@@ -5,6 +5,7 @@ left byte for byte as it was (serving/conversations.py, docs/serving.md "Threads
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -111,8 +112,7 @@ def test_a_client_resending_the_whole_conversation_is_not_doubled(run_dir, tmp_p
         assert tokenizer.decode(seen[-1].turns[0].prompt_ids).count(MESSAGES[0]) == 1
 
 
-def test_a_corrupt_conversation_store_stops_the_server_and_is_left_as_it_was(run_dir, tmp_path):
-    path = tmp_path / "conversations.db"
+def _corrupt_file_stops_the_server_untouched(run_dir: Path, tmp_path: Path, path: Path) -> None:
     garbage = b"SQLite format 3\x00" + bytes(range(256)) * 20
     path.write_bytes(garbage)
     with pytest.raises(RuntimeError, match=re.escape(str(path))) as failed:
@@ -120,18 +120,15 @@ def test_a_corrupt_conversation_store_stops_the_server_and_is_left_as_it_was(run
             pass
     assert isinstance(failed.value.__cause__, ConversationStoreError)
     assert path.read_bytes() == garbage
+
+
+def test_a_corrupt_conversation_store_stops_the_server_and_is_left_as_it_was(run_dir, tmp_path):
+    _corrupt_file_stops_the_server_untouched(run_dir, tmp_path, tmp_path / "conversations.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conversations.db"]
 
 
 def test_a_corrupt_checkpoint_file_stops_the_server_and_is_left_as_it_was(run_dir, tmp_path):
-    path = threads_path(tmp_path / "conversations.db")
-    garbage = b"SQLite format 3\x00" + bytes(range(256)) * 20
-    path.write_bytes(garbage)
-    with pytest.raises(RuntimeError, match=re.escape(str(path))) as failed:
-        with serve_in_background(_config(run_dir, tmp_path)):
-            pass
-    assert isinstance(failed.value.__cause__, ConversationStoreError)
-    assert path.read_bytes() == garbage
+    _corrupt_file_stops_the_server_untouched(run_dir, tmp_path, threads_path(tmp_path / "conversations.db"))
 
 
 def _checkpoint(path, thread: str) -> dict:
