@@ -291,6 +291,36 @@ def test_concurrent_builds_end_with_one_complete_model(tmp_path, monkeypatch):
     assert not errors and len(set(paths)) == 1 and is_complete(paths[0])
 
 
+def test_a_run_config_builds_its_warm_model_with_team_warm_start(tmp_path, monkeypatch):
+    """`team.warm_start` (with `team.model: null`) decides the warm model a run and the demo use: the
+    model built from the task's warm-start settings with those overrides, the demo's warm seed on top."""
+    from teamtr.training.config import TrainConfig
+    from teamtr.training.demo import demo_model
+    from teamtr.training.run_dir import model_path
+    from teamtr.training.warmstart import warm_config_for
+
+    monkeypatch.setenv("TEAMTR_CACHE", str(tmp_path))
+    overrides = changed_fields(tiny_config(max_steps=2))
+    cfg = TrainConfig.from_dict({"team": {"warm_start": overrides}})
+    path = Path(model_path(cfg))
+    assert path == ensure_warm_model(warm_config_for("chain", **overrides), progress=False)
+    assert json.loads((path / REPORT_FILE).read_text())["config"]["max_steps"] == 2
+    assert Path(demo_model(cfg)) == path  # no warm seed given: the config's own model
+    seeded = Path(demo_model(cfg, warm_seed=1))
+    assert seeded != path and seeded == ensure_warm_model(
+        warm_config_for("chain", **{**overrides, "seed": 1}), progress=False
+    )
+    assert Path(model_path(TrainConfig.from_dict({"team": {"warm_start": overrides, "model": str(path)}}))) == path
+    with pytest.raises(ValueError, match="unknown WarmStartConfig fields \\['stop_acuracy'\\]"):
+        TrainConfig.from_dict({"team": {"warm_start": {"stop_acuracy": 0.4}}})
+
+
+def changed_fields(cfg: WarmStartConfig) -> dict:
+    """The fields a config sets away from WarmStartConfig's defaults."""
+    default = WarmStartConfig()
+    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if getattr(cfg, k) != getattr(default, k)}
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="divisible"):
         WarmStartConfig(hidden=100, heads=3)

@@ -66,6 +66,9 @@ class TeamConfig(_Strict):
     order: list[str] | None = None
     recursion_limit: int | None = Field(None, ge=1)  # a graph episode's LangGraph step limit; None = 25
     model: str | None = None  # base model directory; None = the task's cached warm-started model
+    # with model: None, how that warm-started model is built: overrides of the task's WarmStartConfig
+    # (training/warmstart/config.py), e.g. {stop_accuracy: 0.45, seed: 1}; {} = the task's own settings
+    warm_start: dict[str, Any] = Field(default_factory=dict)
     # heterogeneous teams: more base models (name -> directory) beside `model` (which is named "base"),
     # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)
     bases: dict[str, str] = Field(default_factory=dict)
@@ -77,6 +80,16 @@ class TeamConfig(_Strict):
     # bfloat16 when torch sees one, else the CPU in float32; a GPU asked for where none exists fails early
     device: str = "auto"  # auto | cpu | cuda | cuda:K
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+    @field_validator("warm_start")
+    @classmethod
+    def _known_warm_start_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from teamtr.training.warmstart.config import WarmStartConfig
+
+        unknown = sorted(set(v) - set(WarmStartConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"team.warm_start: unknown WarmStartConfig fields {unknown}")
+        return v
 
 
 class RolloutConfig(_Strict):

@@ -167,12 +167,13 @@ def lora_settings(cfg: TrainConfig) -> LoraSettings:
 
 
 def model_path(cfg: TrainConfig, progress: bool = False) -> str:
-    """The default base model: `team.model`, else the task's cached warm-started model (built once)."""
+    """The default base model: `team.model`, else the task's cached warm-started model built with
+    `team.warm_start`'s overrides (built once)."""
     if cfg.team.model:
         return cfg.team.model
     from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
-    return str(ensure_warm_model(warm_config_for(cfg.task.name), progress=progress))
+    return str(ensure_warm_model(warm_config_for(cfg.task.name, **cfg.team.warm_start), progress=progress))
 
 
 # ---- the run directory ------------------------------------------------------------------------------

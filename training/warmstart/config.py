@@ -17,7 +17,8 @@ WARMSTART_FORMAT = 2
 
 @dataclass
 class WarmStartConfig:
-    """How a warm-started model is built (the defaults: the chain demo model; `warm_config_for(task)`
+    """How a warm-started model is built (the defaults: the chain model of `team.model: null`; the demo's
+    is built with stop_accuracy 0.45, training/demo.py DEMO_CONFIG `team.warm_start`; `warm_config_for(task)`
     gives each family's tuned settings).
 
     Everything that decides the result is in here and nothing else is: the build pins its torch thread
@@ -156,7 +157,7 @@ def max_steps_for(task: str, steps: int, base: int) -> int:
 
 
 def warm_config_for(task: str, **overrides) -> WarmStartConfig:
-    """The warm-start config of a task family: `WarmStartConfig()` itself for `chain` (the demo model)
+    """The warm-start config of a task family: `WarmStartConfig()` itself for `chain`
     and for names without a warm start (real benchmarks); else FAMILY_SETTINGS. For the families of
     ROLE_SCALED_BUDGET the step budget grows with `steps` unless `max_steps` is given."""
     settings = (
