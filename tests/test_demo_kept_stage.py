@@ -31,6 +31,7 @@ def test_the_best_stage_is_kept_with_its_versions(tmp_path):
     assert stages["best"] == 2  # the first of the two best stages
     assert stages["se"][0] == (0.3 * 0.7 / 100) ** 0.5
     assert stages["losses_beyond_noise"] == [4]  # 0.50 -> 0.30 on 100 episodes each: beyond 2 SE
+    assert stages["below_best_beyond_noise"] == [4]
     assert versions_after_stage(tmp_path, 0) == {"a": 0, "b": 0}  # the warm start
     assert versions_after_stage(tmp_path, 2) == {"a": 2, "b": 1}  # b's stage-1 update was rejected
     assert versions_after_stage(tmp_path, 4) == {"a": 4, "b": 3}
@@ -54,3 +55,13 @@ def test_examples_demo_yaml_holds_the_demo_settings():
     demo = TrainConfig.from_dict(DEMO_CONFIG)
     same = {"run_dir": example.run_dir, "team.roles": "teamtr.graphs.chain_team:chain_roles"}
     assert example.model_dump() == demo.with_overrides(same).model_dump()
+
+
+def test_a_slow_decline_is_flagged_against_the_best_earlier_stage(tmp_path):
+    """Each stage loses 5 points on 100 episodes (within the noise of one step), but 15 points below the
+    start is beyond the noise of that difference (2 SE ~ 13.8 points)."""
+    write_run(tmp_path, [0.50, 0.45, 0.40, 0.35, 0.30])
+    stages = stage_returns(tmp_path)
+    assert stages["losses_beyond_noise"] == []
+    assert stages["below_best_beyond_noise"] == [3, 4]
+    assert stages["best"] == 0

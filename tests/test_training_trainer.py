@@ -307,6 +307,7 @@ def test_demo_writes_summary_and_compare_json(tiny_model, tmp_path):
     # no stage evaluations: nothing to choose a stage by, the last stage's adapters are evaluated
     assert summary["kept_stage"] == summary["stages"]
     assert summary["accuracy_last_stage"] == summary["accuracy_after"]
+    assert summary["stages_losing_beyond_noise"] == summary["stages_below_best_beyond_noise"] == []
 
     result = run_compare(tmp_path / "cmp", seeds=2, base_config=tmp_path / "demo.yaml")
     assert [r["seed"] for r in result["per_seed"]] == [0, 1]

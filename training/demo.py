@@ -83,19 +83,27 @@ def warm_start_accuracy(cfg: TrainConfig) -> dict[str, Any]:
 def stage_returns(run_dir: Path | str) -> dict[str, Any]:
     """The held-out (validation) return before stage 0 and after each stage, each with its binomial
     standard error, the stages whose change is below -2 standard errors of a difference (a loss beyond
-    the noise), and the best stage (the first with the highest return; 0 = the warm start)."""
+    the noise), the stages below the best earlier return by more than that (a slow decline, each step
+    within the noise, shows only there), and the best stage (the first with the highest return; 0 = the
+    warm start)."""
     stages = read_metrics(Path(run_dir), kind="stage")
     if not stages or stages[0].get("eval_before") is None:
-        return {"returns": [], "se": [], "best": len(stages), "losses_beyond_noise": []}
+        return {"returns": [], "se": [], "best": len(stages), "losses_beyond_noise": [], "below_best_beyond_noise": []}
     returns = [stages[0]["eval_before"]] + [s["eval_after"] for s in stages]
     episodes = max(read_metrics(Path(run_dir), kind="eval")[0].get("episodes", 1), 1)
     se = [(p * (1 - p) / episodes) ** 0.5 for p in returns]
-    losses = [
-        k
-        for k in range(1, len(returns))
-        if returns[k] - returns[k - 1] < -2 * (se[k] ** 2 + se[k - 1] ** 2) ** 0.5
-    ]
-    return {"returns": returns, "se": se, "best": returns.index(max(returns)), "losses_beyond_noise": losses}
+    def beyond_noise(drop_from: int, k: int) -> bool:
+        return returns[drop_from] - returns[k] > 2 * (se[drop_from] ** 2 + se[k] ** 2) ** 0.5
+
+    losses = [k for k in range(1, len(returns)) if beyond_noise(k - 1, k)]
+    below_best = [k for k in range(1, len(returns)) if beyond_noise(returns.index(max(returns[:k])), k)]
+    return {
+        "returns": returns,
+        "se": se,
+        "best": returns.index(max(returns)),
+        "losses_beyond_noise": losses,
+        "below_best_beyond_noise": below_best,
+    }
 
 
 def train_and_evaluate(
@@ -163,6 +171,7 @@ def run_demo(
         "stage_returns": result["stages"]["returns"],
         "stage_return_se": result["stages"]["se"],
         "stages_losing_beyond_noise": result["stages"]["losses_beyond_noise"],
+        "stages_below_best_beyond_noise": result["stages"]["below_best_beyond_noise"],
         "eval_temperature": cfg.eval.temperature,
         "stages": result["summary"]["stages"],
         "updates": result["summary"]["updates"],
@@ -187,6 +196,11 @@ def run_demo(
         table.add_row(f"after the last stage ({summary['stages']})", f"{result['last']['accuracy']:.1%}")
     console.print(table)
     console.print(f"{after['episodes']} held-out episodes each; {summary['seconds']:.0f} s in all")
+    if summary["stages_below_best_beyond_noise"]:
+        console.print(
+            f"validation return fell beyond its noise below the best earlier stage after stages "
+            f"{summary['stages_below_best_beyond_noise']}; kept: stage {result['kept_stage']}"
+        )
     console.print(
         f"summary: {out / 'summary.json'}\nplots: {out / 'report'}\nrun (metrics, adapters): {run_dir}"
     )
