@@ -38,8 +38,8 @@ DEMO_TEST_SEED = 3_000_017
 # The demo's settings (examples/demo.yaml holds the same): chosen on this 2-core machine so that the
 # whole demo, warm start included, stays within 10 minutes. The warm model is built until its greedy
 # team accuracy reaches 45% (or for its 600-step budget, keeping the best checkpoint) instead of stopping
-# at the first evaluation above 30%: TeamTR gained +3.8 +- 4.8 points from those, +10.1 +- 1.8 from these
-# on the same three warm seeds (docs/training.md, "The demo from several warm starts").
+# at the first evaluation above 30% (docs/training.md, "The demo from several warm starts": +10.1 +- 1.8
+# points instead of +3.8 +- 4.8 on warm seeds 0-2, but +7.2 +- 5.6 vs +5.8 +- 5.7 over 8 seeds: within noise).
 DEMO_CONFIG: dict[str, Any] = {
     "seed": 0,
     "stages": 8,
