@@ -92,6 +92,7 @@ def stage_returns(run_dir: Path | str) -> dict[str, Any]:
     returns = [stages[0]["eval_before"]] + [s["eval_after"] for s in stages]
     episodes = max(read_metrics(Path(run_dir), kind="eval")[0].get("episodes", 1), 1)
     se = [(p * (1 - p) / episodes) ** 0.5 for p in returns]
+
     def beyond_noise(drop_from: int, k: int) -> bool:
         return returns[drop_from] - returns[k] > 2 * (se[drop_from] ** 2 + se[k] ** 2) ** 0.5
 
