@@ -67,7 +67,7 @@ def dependence(tasks: Sequence[TaskInstance], episodes: Sequence[Trajectory]) ->
 
 def main() -> None:
     from teamtr.training.demo import DEMO_TEST_SEED
-    from teamtr.training.run_dir import RunDir, versions_after_stage
+    from teamtr.training.run_dir import RunDir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
@@ -77,7 +77,7 @@ def main() -> None:
     run = RunDir(args.run_dir)
     if run.config.task.name != "chain":
         raise SystemExit(f"{args.run_dir}: a chain run is needed, this one trains {run.config.task.name!r}")
-    engine = run.engine(version=versions_after_stage(args.run_dir, args.stage)) if args.stage is not None else run.engine()
+    engine = run.engine(version=run.stage_versions(args.stage))
     task = run.task()
     tasks = task.generate(args.tasks, seed=DEMO_TEST_SEED)
     team = run.team(run.roles, engine, temperature=0.0, name="eval")

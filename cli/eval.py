@@ -20,7 +20,7 @@ from rich.console import Console
 from teamtr.evals.runners import MAX_NEW_TOKENS, default_roles  # per-family message budget, generic team
 from teamtr.graphs.roles import Role
 from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.run_dir import RunDir, versions_after_stage
+from teamtr.training.run_dir import RunDir
 
 app = typer.Typer()
 
@@ -63,7 +63,7 @@ def load_eval_team(
                 "task family; a graph run's held-out return is in its metrics.jsonl (`eval` records) and "
                 "`teamtr serve` serves it"
             )
-        versions = None if stage is None else versions_after_stage(run.path, stage)
+        versions = run.stage_versions(stage)
         adapters = {a: d for a, (_, d) in run.latest_adapters(versions).items()}
         engine = run.engine(version=versions, threads=threads)
         return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)

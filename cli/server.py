@@ -45,7 +45,6 @@ from teamtr.training.run_dir import (
     build_team,
     read_config,
     roles_from_factory,
-    versions_after_stage,
     with_bases,
 )
 from teamtr.training.user_graph import RoleGraphTeam
@@ -129,7 +128,7 @@ class ServeConfig(BaseModel):
         """Serve one training run as the team `team_name` (default: the directory's name): its newest
         adapters, or those after `stage` stages (`teamtr demo` keeps the best stage, not the last)."""
         run = RunDir(run_dir)  # a clear error now if it is not a run or has no adapters
-        run.latest_adapters(None if stage is None else versions_after_stage(run.path, stage))
+        run.latest_adapters(run.stage_versions(stage))
         team_cfg = run.config.team
         return cls(
             # absolute: the config's relative paths are relative to where training ran, not to base_dir
@@ -314,7 +313,7 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
             raise ValueError(
                 f"team {name!r}: no adapter for roles {[r.name for r in from_run]}: give run_dir or `adapters:`"
             )
-        versions = None if run is None or spec.stage is None else versions_after_stage(run.path, spec.stage)
+        versions = None if run is None else run.stage_versions(spec.stage)
         saved = run.latest_adapters(versions, roles=from_run) if from_run else {}
         for role in pending:
             if role.adapter in registry.adapters():  # two roles of the team share an adapter

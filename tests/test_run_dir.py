@@ -119,6 +119,7 @@ def test_a_run_is_served_and_evaluated_at_an_earlier_stage(renamed_run):
     assert versions_after_stage(renamed_run.path, 1) == newest
     start = versions_after_stage(renamed_run.path, 0)
     assert start == {a: 0 for a in newest}
+    assert renamed_run.stage_versions(0) == start and renamed_run.stage_versions(None) is None  # None: newest
     team = load_eval_team(str(renamed_run.path), "chain", stage=0)
     assert team.adapters == {a: renamed_run.adapter_dir(a, 0) for a in newest}
     assert {a: team.engine.adapter_version(a) for a in newest} == start

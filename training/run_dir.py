@@ -300,6 +300,11 @@ class RunDir:
         """(version, directory) of every saved version of `adapter`, oldest first."""
         return version_dirs(self.path, adapter)
 
+    def stage_versions(self, stage: int | None) -> dict[str, int] | None:
+        """The `version` argument of `latest_adapters` / `engine` for the adapters after `stage` stages
+        (versions_after_stage); None (the newest) when no stage is given."""
+        return None if stage is None else versions_after_stage(self.path, stage)
+
     def latest_adapters(
         self, version: int | dict[str, int] | None = None, roles: list[Role] | None = None
     ) -> dict[str, tuple[int, Path]]:
