@@ -46,7 +46,8 @@ from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.open import EngineSpec, open_engine
 
 ROLES = ("planner", "left", "right", "merger")
 
@@ -186,7 +187,9 @@ def main() -> None:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens)  # no stop: fixed-length turns
     with tempfile.TemporaryDirectory() as d:
         adapters = {**{r: None for r in ROLES}, **{f"adder{k}": None for k in (1, 2, 3)}}
-        engine = EmbeddedEngine(build_model(Path(d)), adapters=adapters)
+        engine = open_engine(EngineSpec(bases={"base": str(build_model(Path(d)))}, threads=args.threads)).engine
+        for name in adapters:
+            engine.add_adapter(name)
         spent = count_decode_time(engine)
         roles = [Role(r, f"You are the {r}.", adapter=r, sampling=sampling) for r in ROLES]
         runners = {"user graph": GraphTeam(user_graph(RoleModels(engine, roles)), name="bench")}

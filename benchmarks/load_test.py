@@ -18,9 +18,6 @@ delta against that, and 4x `--queue-bound` clients sending `--overload-requests`
 answer must be 200 or 429). Prints p50 / p99 latency, throughput, failed requests (must be 0) and the
 API / direct ratios, and writes them as JSON. Everything is on 127.0.0.1; request count and time are
 bounded (--timeout-s per round).
-
-One file of ~600 lines on purpose: a benchmark script read and run top to bottom (setup, the phases,
-the rounds, the probes, the report), whose pieces nothing else uses.
 """
 
 from __future__ import annotations
@@ -45,12 +42,14 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.cli.server import ServeConfig, build_server
 from teamtr.evals.tasks import get_task
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.models import resolve_model
-from teamtr.serving.registry import version_dirs
-from teamtr.serving.vllm_server import free_port
+from teamtr.graphs.run_layout import version_dirs
+from teamtr.serving.engines.models import resolve_model
+from teamtr.serving.engines.vllm_server import free_port
+from teamtr.serving.server import ServeConfig, build_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
+from adapter_fixtures import write_versions  # noqa: E402
 
 ROLES = ("adder1", "adder2", "adder3")
 ROLES_FACTORY = "teamtr.graphs.chain_team:chain_roles"
@@ -84,27 +83,6 @@ class Phase:
         }
 
 
-def write_adapter_versions(
-    model_dir: Path, root: Path, versions: range, rank: int = 4, scale: float = 0.3
-) -> None:
-    """root/adapters/<role>/v<k>/: peft LoRA directories with seeded random weights (B ~ N(0, scale)),
-    one per version."""
-    engine = EmbeddedEngine(
-        model_dir,
-        adapters={r: None for r in ROLES},
-        threads=1,
-        lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=("q_proj", "v_proj")),
-    )
-    for k in versions:
-        torch.manual_seed(1000 * k)
-        with torch.no_grad():
-            for r in ROLES:
-                for name, p in engine.adapter_parameters(r).items():
-                    if "lora_B" in name:
-                        p.normal_(0, scale)
-                engine.save_adapter(r, root / "adapters" / r / f"v{k}")
-
-
 def tiny_model(out: Path) -> Path:
     from teamtr.training.warmstart import tiny_random_model
 
@@ -120,8 +98,8 @@ def prepare(
     (run / "config.yaml").write_text(
         yaml.safe_dump({"team": {"roles": ROLES_FACTORY, "model": str(model_dir)}})
     )
-    write_adapter_versions(model_dir, run, range(first, first + 1), scale=scale)
-    write_adapter_versions(model_dir, pending, range(first + 1, first + 1 + pending_versions), scale=scale)
+    write_versions(model_dir, run, range(first, first + 1), ROLES, scale=scale)
+    write_versions(model_dir, pending, range(first + 1, first + 1 + pending_versions), ROLES, scale=scale)
     return run, pending
 
 
@@ -507,17 +485,19 @@ def one_client_summary(directs: list[Phase], apis: list[Phase]) -> dict | None:
 def bench_engine(engine: str, model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
     vllm, vllm_url = None, args.vllm_url
     if engine == "vllm" and not vllm_url:
-        from teamtr.serving.vllm_server import start_vllm_server
+        from teamtr.serving.engines.open import EngineSpec, VLLMSpec, open_engine
 
         console.print("starting a vLLM server (~30-60 s on CPU)...")
         # --max-model-len: a real model's own (8192 for SmolLM2) would size the KV cache for nothing
-        vllm = start_vllm_server(model_dir, max_loras=8, extra_args=["--max-model-len", "2048"])
-        vllm_url = vllm.url
+        vllm = open_engine(
+            EngineSpec(bases={"base": str(model_dir)}, kind="vllm", vllm=VLLMSpec(args=("--max-model-len", "2048")))
+        )
+        vllm_url = vllm.servers[0].url
     try:
         return asyncio.run(bench_engine_async(engine, model_dir, work, args, vllm_url))
     finally:
         if vllm is not None:
-            vllm.stop()
+            vllm.close()
 
 
 def print_results(results: list[dict]) -> None:

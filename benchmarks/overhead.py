@@ -15,9 +15,9 @@ import json
 import time
 from pathlib import Path
 
+from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.config import TrainConfig
 from teamtr.training.demo import DEMO_CONFIG
-from teamtr.training.metrics import read_metrics
 from teamtr.training.trainer import Trainer
 
 

@@ -19,8 +19,8 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
    CPU per turn, the spread of each turn wave's sends (a late request joins vLLM's batch steps later)
    and vLLM's prefix-cache hits (from /metrics).
 3. one TeamTR stage with `rollout.engine: vllm` attached to the server: examples/smollm2_team.yaml's
-   team and task and update settings (2 roles, 2 updates; `--stage-lr`, default the example's 2.5e-4,
-   1e-3 in docs/models.md's first, loaded measurement), `--stage-prompts` x `--stage-group` episodes
+   team and task and update settings (2 roles, 2 updates; `--stage-lr`, default the example's 2.5e-4;
+   docs/models.md has the measurements), `--stage-prompts` x `--stage-group` episodes
    per rollout, held-out evaluation off (run from the repository root, where `examples.smollm2_team`
    imports): wall time split
    into rollout (vLLM sampling), scoring (the trainer's no-grad log-probs: pi_cur of the batch, the
@@ -33,9 +33,7 @@ role LoRAs (q/k/v/o/gate/up/down). Three measurements:
 `--profile-team` measures instead, without a server, the team's own CPU per turn and its cProfile (the
 chain team over an engine that answers at once).
 
-Prints the machine's load average before and after (other processes share the CPUs here). One file on
-purpose, over 400 lines: a script read top to bottom, its four measurements side by side, whose pieces
-nothing else uses.
+Prints the machine's load average before and after (other processes share the CPUs here).
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -59,10 +58,14 @@ from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.models import resolve_model
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_server import VLLMServer, start_vllm_server
+from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.engines.models import resolve_model
+from teamtr.serving.engines.open import EngineSpec, open_engine
+from teamtr.serving.engines.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_server import VLLMServer, start_vllm_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
+from adapter_fixtures import randomise_lora_b  # noqa: E402
 
 ROLES = ("adder1", "adder2", "adder3")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -78,10 +81,7 @@ def write_role_adapters(engine: EmbeddedEngine, root: Path) -> dict[str, Path]:
     for k, role in enumerate(ROLES):
         torch.manual_seed(k)
         engine.add_adapter(role, config=LoraSettings(r=8, alpha=16, target_modules=TARGETS).peft_config())
-        with torch.no_grad():
-            for name, p in engine.adapter_parameters(role).items():
-                if "lora_B" in name:
-                    p.normal_(0.0, 0.02)
+        randomise_lora_b(engine.adapter_parameters(role), 0.02)
         out[role] = engine.save_adapter(role, root / role)
     return out
 
@@ -287,9 +287,9 @@ def timed(owner: Any, name: str, bucket: dict[str, float], key: Callable[..., st
 
 
 def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse.Namespace) -> dict:
+    from teamtr.graphs.run_layout import read_metrics
     from teamtr.training import llm_team, trainer
     from teamtr.training.config import TrainConfig
-    from teamtr.training.metrics import read_metrics
     from teamtr.training.policy import AdapterPolicy
 
     bucket: dict[str, float] = defaultdict(float)
@@ -319,7 +319,7 @@ def teamtr_stage(model_dir: Path, server: VLLMServer, work: Path, args: argparse
                 "group_size": args.stage_group,
             },
             "optim": {"lr": args.stage_lr, "epochs": 2, "minibatch_messages": 16},
-            "trust_region": {"delta": 0.1, "monitor_episodes": 0},
+            "trust_region": {"delta": 0.1, "heldout_episodes": 0},
             "eval": {"stage_episodes": 0},
         }
     )
@@ -420,7 +420,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "load_before": load()}
     print("load average before:", results["load_before"], flush=True)
-    embedded = EmbeddedEngine(model_dir, device="cpu", threads=1)
+    embedded = open_engine(EngineSpec(bases={"base": str(model_dir)}, device="cpu", threads=1)).engine
     adapters = write_role_adapters(embedded, work / "adapters")
     server = start_vllm_server(
         model_dir, max_loras=4, extra_args=["--max-model-len", "2048"], log_path=str(work / "vllm.log")

@@ -22,7 +22,8 @@ from transformers import LlamaForCausalLM
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.open import EngineSpec, open_engine
 from teamtr.training.tiny_models import build_char_tokenizer, tiny_llama_config
 
 
@@ -78,7 +79,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
-        engine = EmbeddedEngine(build_model(Path(d)), adapters={f"adder{k}": None for k in (1, 2, 3)})
+        engine = open_engine(EngineSpec(bases={"base": str(build_model(Path(d)))}, threads=args.threads)).engine
+        for k in (1, 2, 3):
+            engine.add_adapter(f"adder{k}")
         graph_rollouts(engine, 2, 4)  # warm-up
         print(f"{'episodes':>8} {'graph tok/s':>12} {'raw tok/s':>10} {'ratio':>6}")
         for e in args.episodes:

@@ -5,7 +5,7 @@ TeamTR update with 1 vs 2 data-parallel ranks (docs/scale.md reads the ratios).
 
 Rollouts: two real vLLM CPU servers of the tiny test model (1 GiB KV cache each) are started once; each
 round sends `--requests` concurrent completions of `--tokens` new tokens through a `VLLMReplicaEngine`
-(serving/vllm_replicas.py) over the first server only, then over both, and counts completion tokens per
+(serving/engines/vllm_replicas.py) over the first server only, then over both, and counts completion tokens per
 second. Updates: one stage of the chain task (3 updates) with `teamtr train` in one process, then with
 `teamtr train --nproc 2` (torchrun, gloo), each in a fresh run directory; the "update" records'
 `seconds` (the update step on rank 0, collectives included; rollouts excluded) are averaged. Rounds
@@ -30,9 +30,10 @@ from pathlib import Path
 import yaml
 
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.vllm_replicas import VLLMReplicaEngine, launch_replicas
-from teamtr.serving.vllm_server import VLLMServerConfig
-from teamtr.training.metrics import read_metrics
+from teamtr.graphs.run_layout import read_metrics
+from teamtr.serving.engines.vllm_replica_launch import launch_replicas
+from teamtr.serving.engines.vllm_replicas import VLLMReplicaEngine
+from teamtr.serving.engines.vllm_server import VLLMServerConfig
 from teamtr.training.warmstart import tiny_random_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,7 +85,7 @@ def train_config(model: Path, run_dir: Path) -> dict:
         "rollout": {"prompts_per_update": 8, "group_size": 4},
         "optim": {"lr": 3e-3, "epochs": 2, "minibatch_messages": 32},
         "eval": {"stage_episodes": 0, "final_episodes": 1},
-        "trust_region": {"monitor_episodes": 0},  # held-out rollouts inside the update: not its cost
+        "trust_region": {"heldout_episodes": 0},  # held-out rollouts inside the update: not its cost
         "torch_threads": 1,
     }
 

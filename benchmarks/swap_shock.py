@@ -73,7 +73,7 @@ def one_seed(seed: int, newcomer: Path, args: argparse.Namespace) -> dict:
             ),
         )
         summary = Trainer(TrainConfig.from_yaml(result.out_dir / "config.yaml")).train()
-        # eval_accuracy: [before stage 0, after stage 0, ...]; the swap replaced the entry of its boundary
+        # eval_accuracy: [the start, after stage 1, ...]; the swap replaced the entry of its boundary
         after_stages = summary["eval_accuracy"][args.stages_before + 1 :]
         out[path] = {
             "before": result.eval_before,

@@ -1,4 +1,4 @@
-"""The team-size study (issue 17 item 6): TeamTR vs naive sequential on LLM teams of n = 2, 4, 6 roles.
+"""The team-size study: TeamTR vs naive sequential on LLM teams of n = 2, 4, 6 roles.
 
     .venv/bin/python benchmarks/team_size_study.py                       # the full study (docs/study.md)
     .venv/bin/python benchmarks/team_size_study.py --report-only         # tables and plots from the JSONL
@@ -84,6 +84,18 @@ def append_cell(path: Path, record: dict[str, Any]) -> None:
         f.flush()
 
 
+def record_config(out: Path, config: dict[str, Any]) -> None:
+    """The study's design in `config.json`, written by its first invocation; a later one with other
+    arguments (e.g. a subset of arms run beside it) is appended to `invocations.jsonl` instead, so
+    config.json stays the design rather than the last command."""
+    path = out / "config.json"
+    text = json.dumps(config, default=str, indent=1)
+    if not path.is_file():
+        path.write_text(text)
+    elif json.loads(path.read_text()) != json.loads(text):
+        append_cell(out / "invocations.jsonl", {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), **json.loads(text)})
+
+
 def warm_model(task: str, n: int, cfg: StudyConfig) -> str:
     if cfg.model:
         return cfg.model
@@ -125,7 +137,7 @@ def train_config(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyC
             },
             "rollout": {"prompts_per_update": cfg.prompts, "group_size": cfg.group, "temperature": 1.0},
             "optim": {"lr": cfg.lr, "epochs": cfg.epochs, "minibatch_messages": 64},
-            "trust_region": {"delta": cfg.delta, "monitor_episodes": 0},
+            "trust_region": {"delta": cfg.delta, "heldout_episodes": 0},
             "eval": {"stage_episodes": 0, "final_episodes": cfg.eval_episodes, "temperature": 0.0},
         }
     )
@@ -175,7 +187,7 @@ def warm_build(model: str) -> dict[str, Any]:
 
 
 def run_arm(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig, budget: int | None):
-    from teamtr.training.metrics import read_metrics
+    from teamtr.graphs.run_layout import read_metrics
     from teamtr.training.run_dir import RunDir
     from teamtr.training.trainer import Trainer
 
@@ -272,7 +284,7 @@ def run_study(cfg: StudyConfig, console: Any = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     cfg.out.mkdir(parents=True, exist_ok=True)
     path = cfg.out / "cells.jsonl"
-    (cfg.out / "config.json").write_text(json.dumps(asdict(cfg), default=str, indent=1))
+    record_config(cfg.out, asdict(cfg))
     plan = list(planned_cells(cfg))
     done = read_cells(path)
     console.print(f"{len(plan)} cells, {sum(cell_key(*c) in done for c in plan)} already in {path}")

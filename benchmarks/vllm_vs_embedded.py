@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,34 +26,17 @@ from rich.console import Console
 from rich.table import Table
 
 from teamtr.graphs.engine import Engine, SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_server import start_vllm_server
+from teamtr.serving.engines.open import EngineSpec, open_engine
 from teamtr.training.tiny_models import build_char_tokenizer
 from teamtr.training.warmstart import new_model, save_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
+from adapter_fixtures import random_lora_adapter  # noqa: E402
 
 
 def build_model(out_dir: Path) -> Path:
     tokenizer = build_char_tokenizer()
     save_model(new_model(tokenizer, hidden=128, layers=4, heads=4, seed=0), tokenizer, out_dir)
-    return out_dir
-
-
-def random_adapter(model_dir: Path, out_dir: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(1)
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(str(model_dir)),
-        LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM"),
-    )
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, 0.1)
-    model.save_pretrained(str(out_dir))
     return out_dir
 
 
@@ -85,13 +69,13 @@ async def measure(
 async def run(args: argparse.Namespace) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     model_dir = Path(args.model) if args.model else build_model(work / "model")
-    adapter_dir = random_adapter(model_dir, work / "adapter")
-    embedded = EmbeddedEngine(model_dir, threads=1)
+    adapter_dir = random_lora_adapter(model_dir, work / "adapter", seed=1, rank=8, std=0.1)
+    embedded = open_engine(EngineSpec(bases={"base": str(model_dir)}, threads=1)).engine
     embedded.load_adapter_sync("role", adapter_dir)
-    server = start_vllm_server(model_dir)
+    opened = open_engine(EngineSpec(bases={"base": str(model_dir)}, kind="vllm", dtype="float32"))
     rows = []
     try:
-        vllm = VLLMEngine({"base": server})
+        vllm = opened.engine
         await vllm.load_adapter("role", str(adapter_dir))
         engines: dict[str, Engine] = {"embedded": embedded, "vllm": vllm}
         tok = embedded.tokenizer()
@@ -110,7 +94,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
                     }
                 )
     finally:
-        server.stop()
+        opened.close()
     return rows
 
 

@@ -1,1 +1,1 @@
-"""The `teamtr` command line: wires the areas (graphs, evals, serving, training) and owns no logic."""
+"""The `teamtr` command line: parses options, wires the areas (graphs, evals, serving, training), prints results."""

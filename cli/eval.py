@@ -3,7 +3,8 @@
 `TEAM_OR_RUN_DIR` may be `warm` (the cached warm-started model of the task's family, built on first use;
 a real benchmark uses the chain demo model), a model directory (`config.json`: every role speaks with
 that model), or a run directory (read by training/run_dir.py `RunDir`: its roles, bases and the newest
-adapter version of each role).
+adapter version of each role). A run of a user's own graph (team.graph) is evaluated by cli/graph_eval.py:
+its v0 and newest adapters on its own tasks (or --task), scored by its reward (or --verifier).
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from teamtr.evals.runners import MAX_NEW_TOKENS, default_roles  # per-family message budget, generic team
-from teamtr.graphs.roles import Role
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.run_dir import RunDir
+from teamtr.graphs.task import HELDOUT_SEED
+
+if TYPE_CHECKING:  # the engine and the run directory (torch) are imported when a command runs
+    from teamtr.graphs.roles import Role
+    from teamtr.serving.engines.embedded import EmbeddedEngine
 
 app = typer.Typer()
 
-DEFAULT_SEED = 2_000_003  # the held-out seed of training's TaskConfig: eval prompts are never train prompts
 
 
 @dataclass
@@ -47,6 +48,7 @@ def load_eval_team(
     if stage is not None and (source == "warm" or not (Path(source) / "config.yaml").is_file()):
         raise ValueError(f"--stage {stage} needs a run directory, not {source}")
     if source == "warm":
+        from teamtr.evals.runners import default_roles  # a generic team
         from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
         # this family's warm model (a benchmark's: the chain demo model)
@@ -56,18 +58,21 @@ def load_eval_team(
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
     if (path / "config.yaml").is_file():
+        from teamtr.training.run_dir import RunDir
+
         run = RunDir(path)
-        if run.config.team.graph is not None:  # the harness drives Team-shaped teams on task families
+        if run.config.team.graph is not None:  # a graph run: cli/graph_eval.py builds its team
             raise ValueError(
-                f"{path} trains the graph {run.config.team.graph}: `teamtr eval` runs Team-shaped teams on a "
-                "task family; a graph run's held-out return is in its metrics.jsonl (`eval` records) and "
-                "`teamtr serve` serves it"
+                f"{path} trains the graph {run.config.team.graph}: load_eval_team builds Team-shaped teams; "
+                "cli/graph_eval.py evaluates graph runs"
             )
         versions = run.stage_versions(stage)
-        adapters = {a: d for a, (_, d) in run.latest_adapters(versions).items()}
+        adapters = {a: d for a, (_, d) in run.saved_adapters(versions).items()}
         engine = run.engine(version=versions, threads=threads)
         return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)
     if (path / "config.json").is_file():
+        from teamtr.evals.runners import default_roles
+
         return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
     raise FileNotFoundError(
         f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)"
@@ -76,7 +81,13 @@ def load_eval_team(
 
 def _untrained_team(model: str, roles: list[Role], source: str, threads: int | None) -> EvalTeam:
     """Every role on one model; a role with an adapter gets a fresh one (B = 0: the model itself)."""
-    engine = EmbeddedEngine(model, adapters={r.adapter: None for r in roles if r.adapter}, threads=threads)
+    from teamtr.graphs.engine import DEFAULT_BASE
+    from teamtr.serving.engines.open import EngineSpec, open_engine
+
+    engine = open_engine(EngineSpec(bases={DEFAULT_BASE: model}, threads=threads)).engine
+    for r in roles:
+        if r.adapter:
+            engine.add_adapter(r.adapter)
     return EvalTeam(engine, roles, source, {"base": model})
 
 
@@ -117,13 +128,20 @@ def eval_command(
     team_or_run_dir: Annotated[
         str | None, typer.Argument(help="'warm', a model directory, or a TeamTR run directory")
     ] = None,
-    task: Annotated[str | None, typer.Option("--task", "-t", help="task family or benchmark name")] = None,
+    task: Annotated[
+        str | None,
+        typer.Option("--task", "-t", help="task family or benchmark name (a graph run: default its own tasks)"),
+    ] = None,
+    verifier: Annotated[
+        str | None,
+        typer.Option(help="a graph run: score its answers with module:attr, verify(task, response) -> float"),
+    ] = None,
     k: Annotated[int, typer.Option("-k", min=1, help="episodes per instance (pass@k, avg@k)")] = 1,
     limit: Annotated[int, typer.Option(min=1, help="instances (per difficulty setting)")] = 100,
     difficulty: Annotated[
         list[str] | None, typer.Option("--difficulty", "-d", help="KNOB=V[,V..]; several values sweep")
     ] = None,
-    seed: Annotated[int, typer.Option(help="generator seed of the instances")] = DEFAULT_SEED,
+    seed: Annotated[int, typer.Option(help="generator seed of the instances")] = HELDOUT_SEED,
     baseline: Annotated[
         str | None, typer.Option(help="'best-of-n': one model, best-of-N at the team's token budget")
     ] = None,
@@ -172,7 +190,12 @@ def eval_command(
         for name in benchmark_names():
             console.print(f"[bold]{name}[/bold]  real benchmark file")
         return
-    if task is None:
+    from teamtr.cli.graph_eval import graph_run_config
+
+    graph_run = graph_run_config(team_or_run_dir)
+    if verifier is not None and graph_run is None:
+        raise typer.BadParameter("--verifier applies to a run of a user's graph (team.graph)")
+    if task is None and graph_run is None:
         raise typer.BadParameter("--task is required (see --list-tasks)", param_hint="--task")
     if baseline not in (None, "best-of-n"):
         raise typer.BadParameter("the only baseline is 'best-of-n'", param_hint="--baseline")
@@ -180,12 +203,39 @@ def eval_command(
         raise typer.BadParameter("give a TEAM_OR_RUN_DIR, or --responses FILE (not both)")
     if responses is not None and baseline:
         raise typer.BadParameter("--baseline needs a model to sample from, not --responses")
+    if baseline and k == 1:  # the single model gets the tokens of k team episodes: k = 1 is best-of-~1
+        raise typer.BadParameter("--baseline best-of-n compares at the tokens of k team episodes: give -k (e.g. -k 8)", param_hint="-k")
 
-    if task not in task_names() + benchmark_names():
+    if task is not None and task not in task_names() + benchmark_names():
         known = ", ".join(task_names() + benchmark_names())
         raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
     knobs = _parse_knobs(difficulty or [])
-    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
+    if graph_run is not None:
+        from teamtr.cli.graph_eval import evaluate_graph_run
+
+        if task is None and difficulty:
+            raise typer.BadParameter("difficulty knobs need --task FAMILY (a graph run's own tasks have none)")
+
+        family, instances = (None, None) if task is None else _instances(task, limit, seed, knobs, benchmarks_dir)
+        evaluate_graph_run(
+            Path(team_or_run_dir),
+            family=family,
+            instances=instances,
+            verifier=verifier,
+            k=k,
+            limit=limit,
+            seed=seed,
+            baseline=baseline is not None,
+            stage=stage,
+            single_turns=single_turns,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            threads=threads,
+            out=out,
+            as_json=as_json,
+        )
+        return
     team = None
     if team_or_run_dir is not None:  # check the team before spending time on instances
         try:
@@ -193,6 +243,9 @@ def eval_command(
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
     family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)
+    from teamtr.evals.runners import MAX_NEW_TOKENS  # per-family message budget
+
+    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
     show_progress = not as_json
     runners = None
     if team is None:
@@ -225,30 +278,3 @@ def eval_command(
     console.print(
         f"wrote {out_dir / 'result.json'}, {out_dir / 'episodes.jsonl'}, {', '.join(p.name for p in plots)}"
     )
-
-
-@app.command("warmstart")
-def warmstart_command(
-    task: Annotated[str, typer.Option("--task", "-t", help="task family")] = "chain",
-    seed: Annotated[int, typer.Option(help="build seed (a different seed is a different cached model)")] = 0,
-    threads: Annotated[int, typer.Option(min=1, help="torch threads while building")] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON only")] = False,
-) -> None:
-    """Build (or reuse) the cached warm-started model of a task family and print its report."""
-    from teamtr.evals.tasks import task_names
-    from teamtr.training.warmstart import ensure_warm_model, load_report, warm_config_for
-
-    if task not in task_names():
-        raise typer.BadParameter(
-            f"unknown task {task!r}; known: {', '.join(task_names())}", param_hint="--task"
-        )
-    cfg = warm_config_for(task, seed=seed, threads=threads, adapt_threads=False)
-    path = ensure_warm_model(cfg, progress=not as_json)
-    report = load_report(path)
-    summary = {k: v for k, v in report.as_dict().items() if k not in ("history", "files")}
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-        return
-    console = Console()
-    console.print(report.summary())
-    console.print(f"model: {path}")

@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from teamtr.cli import eval as eval_cli
-from teamtr.cli import improve, models, serve, swap, theory, train
+from teamtr.cli import improve, models, serve, swap, theory, train, warmstart
 
 
 class OneLineErrors(TyperGroup):
@@ -35,6 +35,8 @@ class OneLineErrors(TyperGroup):
             if ctx.params.get("debug"):
                 raise
             message = " ".join(str(e).split()) or type(e).__name__
+            # a failed episode's notes say in which graph, node and task (graphs/capture.py)
+            message = "; ".join([message, *(n for n in getattr(e, "__notes__", ()) if isinstance(n, str))])
             if not isinstance(e, ValueError | OSError):  # not a user mistake we know: say what it was
                 message = f"{type(e).__name__}: {message} (rerun with `teamtr --debug ...` for the traceback)"
             typer.echo(f"error: {message}", err=True)
@@ -62,6 +64,7 @@ for part in (train.app, swap.app, eval_cli.app, serve.app, improve.app):  # comm
     app.registered_groups.extend(part.registered_groups)
 app.add_typer(theory.app, name="theory")
 app.add_typer(models.app, name="models")
+app.add_typer(warmstart.app, name="warmstart")
 
 if __name__ == "__main__":
     app()

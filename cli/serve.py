@@ -1,9 +1,10 @@
-"""`teamtr serve`, `teamtr adapters push|rollback|list`, `teamtr traces to-trajectories`.
+"""`teamtr serve`, `teamtr adapters push|rollback|list` (and `teamtr traces ...`, cli/traces.py).
 
-`serve RUN_DIR` serves the team a training run trained, read by training/run_dir.py `RunDir` as every
-command reads a run; `serve CONFIG.yaml` takes a `ServeConfig` (several teams, keys, tracing). What is
-served and how the server is assembled (`ServeConfig`, `build_server`) is cli/server.py; this module
-holds the commands only.
+`serve RUN_DIR` serves the team a training run trained; `serve CONFIG.yaml` takes a `ServeConfig` (several
+teams, keys, tracing). What is served and how the server is assembled (`ServeConfig`, `build_server`) is
+serving/server.py, which reads runs with nothing of training; this module holds the commands, and checks
+a run's whole config (training's file) before it is served (`_check_runs`). Heavy imports (the
+server, torch) wait for the command that needs them, so `teamtr --help` and a bad argument answer at once.
 """
 
 from __future__ import annotations
@@ -13,21 +14,23 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.cli.server import ServeConfig, build_server
+from teamtr.cli import traces
 from teamtr.serving.admin_client import (
     DEFAULT_URL,
     AdminClient,
     AdminRequestError,
     ServerUnreachableError,
 )
-from teamtr.serving.tracing import trajectories_from_store
-from teamtr.training.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from teamtr.serving.server import ServeConfig
 
 console = Console(stderr=True)
 
@@ -37,9 +40,8 @@ app = typer.Typer(no_args_is_help=True)
 adapters_app = typer.Typer(
     help="Promote, roll back and list adapter versions of a running server.", no_args_is_help=True
 )
-traces_app = typer.Typer(help="Stored traces -> training trajectories.", no_args_is_help=True)
 app.add_typer(adapters_app, name="adapters")
-app.add_typer(traces_app, name="traces")
+app.add_typer(traces.app, name="traces")
 
 
 @app.command()
@@ -66,6 +68,8 @@ def serve(
     dtype: str = typer.Option(None, help="embedded engine dtype: auto | float32 | bfloat16 | float16"),
 ) -> None:
     """Serve a team as an OpenAI-compatible chat API (model = team name)."""
+    from teamtr.serving.server import ServeConfig
+
     overrides: dict[str, Any] = {}
     for key, value in {
         "engine": engine,
@@ -83,6 +87,7 @@ def serve(
         overrides["api_keys"] = keys
     if vllm_url and not engine:
         overrides["engine"] = "vllm"
+    _check_runs(source)
     if source.is_dir():
         config = ServeConfig.from_run_dir(source, team_name, stage, **overrides)
     elif stage is not None:
@@ -93,11 +98,35 @@ def serve(
         raise typer.BadParameter(f"{source} is neither a run directory nor a config file")
     if otlp_endpoint:
         config.tracing.otlp_endpoint = otlp_endpoint
+    if config.model is None and not any(t.run_dir for t in config.teams.values()):
+        from teamtr.training.warmstart import ensure_warm_model
+
+        config.model = str(ensure_warm_model())  # the demo team's model, built once
     asyncio.run(_serve_forever(config))
+
+
+def _check_runs(source: Path) -> None:
+    """Before a run is served: its whole config is valid (one line naming the field otherwise), and a run
+    from before base models were recorded gets them recorded (its warm model found or built once)."""
+    from teamtr.graphs.run_layout import CONFIG_FILE
+    from teamtr.serving.server import is_train_config
+    from teamtr.training.run_dir import RunDir, read_config
+
+    if source.is_file():
+        data = yaml.safe_load(source.read_text()) or {}
+        if not (isinstance(data, dict) and is_train_config(data)):
+            return
+        source = Path(read_config(source).run_dir)
+        if not source.is_dir():
+            return  # ServeConfig.from_yaml says: train it first
+    if (source / CONFIG_FILE).is_file():
+        RunDir(source).base_paths()  # records base_models.json where the run has none
 
 
 async def _serve_forever(config: ServeConfig) -> None:
     import uvicorn
+
+    from teamtr.serving.server import build_server
 
     server = await build_server(config)  # built on the loop uvicorn then serves on (engine tasks, locks)
 
@@ -112,10 +141,37 @@ async def _serve_forever(config: ServeConfig) -> None:
         f"serving teams {sorted(server.teams)} on http://{config.host}:{config.port} "
         f"({config.engine} engine); adapters {server.registry.current_versions()}"
     )
+    console.print(stores_line(config))
+    console.print(base_models_line(server.base_models))
     # on SIGTERM uvicorn stops accepting, lets requests in flight finish for drain_timeout_s, then cancels them
     drain = config.drain_timeout_s
-    uv = uvicorn.Config(server.app, host=config.host, port=config.port, timeout_graceful_shutdown=drain)
+    uv = uvicorn.Config(
+        server.app,
+        host=config.host,
+        port=config.port,
+        timeout_graceful_shutdown=drain,
+        timeout_keep_alive=config.keep_alive_s,
+    )
     await uvicorn.Server(uv).serve()
+
+
+def stores_line(config: ServeConfig) -> str:
+    """Where the served episodes go: the span store and the conversation store, as absolute paths."""
+    t = config.tracing
+    spans = str(config.path(t.sqlite_path).resolve()) if t.sqlite_path else "off"
+    if t.otlp_endpoint:
+        spans += f" (and OTLP {t.otlp_endpoint})"
+    threads = (
+        str(config.path(config.conversations_path).resolve()) if config.conversations_path else "in memory"
+    )
+    return f"traces: {spans} (teamtr traces list ...); conversations: {threads}"
+
+
+def base_models_line(bases: dict[str, str]) -> str:
+    """The base models served, by base name: `smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) at FOLDER`."""
+    from teamtr.serving.engines.models import model_label
+
+    return "base models: " + "; ".join(f"{name} = {model_label(path)}" for name, path in bases.items())
 
 
 @contextmanager
@@ -145,13 +201,17 @@ def adapters_push(
     admin_key: str = _KEY,
 ) -> None:
     """Validate and promote a new adapter version on a running server (the old one keeps serving if refused)."""
+    from teamtr.graphs.run_layout import CONFIG_FILE, run_of_version_dir
+    from teamtr.serving.server import open_run
+
     path = path.resolve()
-    run_root = path if (path / "config.yaml").is_file() else path.parent.parent.parent
-    if (run_root / "config.yaml").is_file() and (path == run_root or path.parent.parent.name == "adapters"):
-        run = RunDir(run_root)  # a run's version directory: the role's adapter name is the run's
+    found = (path, None) if (path / CONFIG_FILE).is_file() else run_of_version_dir(path)
+    if found is not None:
+        run_root = found[0]
+        run = open_run(run_root)  # a run's version directory: the role's adapter name is the run's
         adapter = run.role(role).adapter or role
         if path == run_root:
-            version_found, path = run.latest_adapters(roles=[run.role(role)])[adapter]
+            version_found, path = run.saved_adapters(roles=[run.role(role)])[adapter]
             version = version or version_found
         role = adapter
     if not path.is_dir():
@@ -171,18 +231,34 @@ def adapters_rollback(role: str = typer.Option(...), url: str = _URL, admin_key:
     console.print(f"{role}: back on v{info.version}")
 
 
+@adapters_app.command("restore")
+def adapters_restore(
+    team: int = typer.Option(..., min=0, help="the promoted team's number in `teamtr adapters list`"),
+    url: str = _URL,
+    admin_key: str = _KEY,
+) -> None:
+    """Serve an earlier promoted team again, every role at once (recorded in the promotion log)."""
+    with _admin_errors():
+        decision = AdminClient(url, admin_key).restore_team(team)
+    console.print(f"team {team} serves: {decision.current}")
+
+
 @adapters_app.command("list")
 def adapters_list(url: str = _URL, admin_key: str = _KEY) -> None:
-    """Every adapter version the server knows, which is live, and how many episodes use each."""
+    """Every adapter version the server knows: its state (serving, candidate, promoted, rolled back,
+    abandoned), whether it is loaded, its episodes in flight and lineage; then the promoted teams."""
     with _admin_errors():
         listed = AdminClient(url, admin_key).list_versions()
-    table = Table("adapter", "version", "current", "loaded", "in flight", "lineage", "path")
+    share = listed.candidate.share if listed.candidate is not None else 0.0
+    table = Table("adapter", "version", "state", "loaded", "in flight", "lineage", "path")
     for role, versions in listed.roles.items():
         for v in versions:
             table.add_row(
                 role,
                 str(v.version),
-                "*" if v.current else ("candidate" if v.candidate else ""),
+                f"candidate (canary share {share:g})"
+                if v.state == "candidate"
+                else v.state.replace("_", " "),
                 "yes" if v.live else "no",
                 str(v.in_flight),
                 lineage_text(v.lineage),
@@ -197,28 +273,12 @@ def adapters_list(url: str = _URL, admin_key: str = _KEY) -> None:
             f"candidate: {versions}; canary share {c.share:g} ({c.canary_episodes} of {c.episodes} episodes "
             f"since set, {c.total_canary_episodes} in all); {lineage_text(c.lineage)}"
         )
+    for i, team in enumerate(listed.teams):  # what `teamtr adapters restore --team I` serves again
+        now = " (serving)" if {a: listed.current.get(a) for a in team} == team else ""
+        out.print(f"promoted team {i}: " + ", ".join(f"{a} v{v}" for a, v in sorted(team.items())) + now)
 
 
 def lineage_text(lineage: dict[str, Any]) -> str:
     """Where a version came from (which improve run, data window, incumbent), as one short line."""
-    keys = ("run", "data_window", "incumbent")
+    keys = ("run", "data_window", "incumbent", "attempt_id")
     return "; ".join(f"{k}={lineage[k]}" for k in keys if k in lineage)
-
-
-@traces_app.command("to-trajectories")
-def traces_to_trajectories(
-    db: Path = typer.Argument(..., help="the SQLite span store (traces.db)"),
-    out: Path = typer.Option(..., "--out", help="JSONL of Trajectory records, as training reads them"),
-    require_reward: bool = typer.Option(False, help="only episodes whose conversation got feedback"),
-    group_by_prompt: bool = typer.Option(
-        False, help="episodes of the same prompt share a group id (non-zero group-normalised advantages)"
-    ),
-) -> None:
-    """Stored spans + feedback rewards -> the Trajectory objects training consumes."""
-    from teamtr.graphs.trajectory import save_jsonl
-
-    if not db.is_file():
-        raise typer.BadParameter(f"no span store at {db}")
-    trajectories = trajectories_from_store(db, require_reward, group_by_prompt)
-    save_jsonl(trajectories, out)
-    console.print(f"{len(trajectories)} trajectories -> {out}")

@@ -9,15 +9,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from teamtr.training.run_dir import RunDir
-from teamtr.training.swap import SwapConfig, SwapProgress, swap_role
+# training.swap (torch) is imported by the command when it runs: `teamtr --help` answers at once
 
 app = typer.Typer()
 console = Console()
 
 
-class RichSwapProgress(SwapProgress):
-    """A bar for the probe set, a bar for the Stage-0 rounds with the monitored KL against delta_0."""
+class RichSwapProgress:
+    """training/swap/config.py SwapProgress's hooks as a bar for the probe set, a bar for the Stage-0 rounds with the monitored KL against delta_0."""
 
     def __init__(self, progress: Progress) -> None:
         self.p = progress
@@ -68,6 +67,9 @@ def swap(
 ) -> None:
     """Replace role R's model by a newcomer, aligned to the incumbent first (Stage-0); then `teamtr train
     NEW_RUN_DIR/config.yaml` continues TeamTR with the trust-region and certificate bookkeeping."""
+    from teamtr.training.run_dir import RunDir
+    from teamtr.training.swap import SwapConfig, swap_role
+
     RunDir(run_dir)  # a clear error before any progress bar if it is not a readable run
     if target not in ("incumbent", "mixture"):
         raise typer.BadParameter("--target must be incumbent or mixture")

@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from teamtr.training.theory.bounds import BOUND_NAMES, INFORMATIONAL, BoundForm, CheckTally
-from teamtr.training.theory.cases import check_case, random_case, speak_once_case
-from teamtr.training.theory.scaling import ScalingConfig, plot_scaling, run_scaling, write_metrics
+if TYPE_CHECKING:  # the theory lab (numpy, scipy, matplotlib) is imported when a command runs
+    from teamtr.training.theory.bounds import CheckTally
 
 app = typer.Typer(
     help="Exact theory lab: TeamTR's bounds and the n^2-vs-n scaling on exactly solvable teams.",
@@ -47,11 +45,18 @@ def scaling(
     family: str = typer.Option(
         "chain",
         "--family",
-        help="chain (a dominant best message per turn) or convention (depends on the team).",
+        help="chain (a dominant best message per turn), convention (depends on the team) or relay "
+        "(the twin of the LLM blind relay task).",
     ),
+    legibility: float = typer.Option(
+        0.0, "--legibility", min=0.0, max=1.0, help="convention / relay: probability a role reads the offset."
+    ),
+    noise: float = typer.Option(0.5, "--noise", min=0.0, help="Std of the random warm-start logits."),
     out: Path = typer.Option(Path("runs/theory/scaling.png"), "--out", help="Where to write the figure."),
 ) -> None:
     """Stale gap and occupancy divergence vs n for naive sequential and TeamTR (exact), with exponents."""
+    from teamtr.training.theory.scaling import ScalingConfig, plot_scaling, run_scaling, write_metrics
+
     try:
         cfg = ScalingConfig(
             agents=_agents(agents),
@@ -61,6 +66,8 @@ def scaling(
             competence=competence,
             rounds=rounds,
             family=family,
+            legibility=legibility,
+            noise=noise,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
@@ -167,6 +174,11 @@ def check(
     ),
 ) -> None:
     """Check the occupancy-shift, Thm 3.4/3.6/3.7 (paper and own-turn forms) and Prop 3.3 bounds exactly."""
+    import numpy as np
+
+    from teamtr.training.theory.bounds import BOUND_NAMES, INFORMATIONAL, BoundForm, CheckTally
+    from teamtr.training.theory.cases import check_case, random_case, speak_once_case
+
     started = time.perf_counter()
     form = BoundForm(c_scale=c_scale, power=power, assume_speak_once=assume_speak_once)
     make_case = speak_once_case if speak_once else random_case

@@ -12,9 +12,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from teamtr.training.progress import RichCallbacks, progress_bars
-from teamtr.training.run_dir import RunDir, read_config
-
+# training's modules (torch, transformers) are imported by the commands that run, not here: `teamtr
+# --help` and a config error answer at once
 app = typer.Typer()
 console = Console()
 
@@ -40,8 +39,6 @@ def train(
 ) -> None:
     """Fine-tune every role of a team with TeamTR (or a baseline schedule); resumes an interrupted run.
     Under torchrun (or with --nproc K) each update is split over the ranks (docs/scale.md)."""
-    from teamtr.training.trainer import Trainer
-
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # start K ranks of this same command
         args = [str(config), *(["--run-dir", run_dir] if run_dir else []), *(a for p in set_ for a in ("--set", p))]
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
@@ -49,7 +46,14 @@ def train(
     overrides = _overrides(set_)
     if run_dir:
         overrides["run_dir"] = run_dir
+    from teamtr.training.config_file import read_config  # light: a bad config is reported at once
+
     cfg = read_config(config, overrides)  # one line of error naming the file and field if it is bad
+    from teamtr.training.progress import RichCallbacks, progress_bars
+    from teamtr.training.run_dir import check_config
+    from teamtr.training.trainer import Trainer
+
+    check_config(cfg, config)  # ... and the task, router, roles and graph, before anything is written
     if os.environ.get("RANK", "0") != "0":  # another rank: no progress bars, no summary
         trainer = Trainer(cfg)
         trainer.train()
@@ -72,6 +76,7 @@ def report(
 ) -> None:
     """PNG plots: return per stage, d_hat per update vs delta, certificate vs improvement, stale gap."""
     from teamtr.training.report import write_report
+    from teamtr.training.run_dir import RunDir
 
     runs = [RunDir(d) for d in run_dirs]  # a clear error for a path that is not a run
     paths = write_report([r.path for r in runs], out)

@@ -40,12 +40,19 @@ def print_result(result: EvalResult, console: Console | None = None) -> None:
     (console or Console()).print(result_table(result))
 
 
+def _ci_bar(ax, x: float, est: dict, color: str) -> None:
+    """One estimate's 95% confidence interval as an error bar at x."""
+    v = est["value"]
+    ax.errorbar([x], [v], yerr=[[v - est["low"]], [est["high"] - v]], color=color, capsize=4, fmt="none")
+
+
 def plot_result(result: EvalResult, out_dir: str | Path) -> list[Path]:
     """pass@j curve (team, and the single model when there is a baseline) and accuracy per difficulty."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,19 +60,23 @@ def plot_result(result: EvalResult, out_dir: str | Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     curve = {int(j): v for j, v in result.pass_at_k_curve.items()}
-    ax.plot(list(curve), list(curve.values()), marker="o", label="team: pass@j")
+    (team_line,) = ax.plot(list(curve), list(curve.values()), marker="o", label="team: pass@j")
+    # the estimates that carry a confidence interval (pass@k, best-of-n) get it as an error bar
+    _ci_bar(ax, result.k, result.pass_at_k, team_line.get_color())
     if result.baseline:
         team_tokens = result.baseline["team_tokens_per_episode"]
         single = {int(j): v for j, v in result.baseline["pass_at_k_curve"].items()}
         # put the single model on the team's axis: j single samples cost j * single / team team episodes
         scale = result.baseline["single_tokens_per_sample"] / max(team_tokens, 1e-9)
-        ax.plot(
+        (single_line,) = ax.plot(
             [j * scale for j in single], list(single.values()), marker=".", label="single model: best-of-j"
         )
+        _ci_bar(ax, result.baseline["n"] * scale, result.baseline["best_of_n"], single_line.get_color())
         ax.set_xlabel("token budget, in team episodes")
     else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("j (episodes per instance)")
-    ax.set_ylabel("fraction solved")
+    ax.set_ylabel("fraction solved (bar: 95% CI)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{result.task}")
     ax.legend()

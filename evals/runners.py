@@ -20,7 +20,7 @@ from typing import Any
 from teamtr.evals.harness import Episode, Runner
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import Engine, SamplingParams
-from teamtr.graphs.roles import Role
+from teamtr.graphs.roles import Role, with_view
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import RoundRobin, Team, derive_seed
 
@@ -34,6 +34,7 @@ SYSTEM_PROMPTS = {
     "arbench": "Find the code.",
     "split": "Look up the symbol.",
     "convention": "Continue the sums.",
+    "relay": "Pass on the value.",
 }
 MESSAGE_END = "\n"  # the small character models end a message with a newline
 
@@ -74,7 +75,7 @@ def with_private_view(role: Role, family: TaskFamily, instance: TaskInstance, in
     role_view = getattr(family, "role_view", None)
     if role_view is None:
         return role
-    return replace(role, system_prompt=f"{role.system_prompt}\n{role_view(instance, index)}".strip())
+    return with_view(role, role_view(instance, index))
 
 
 class EngineRunners:
@@ -107,17 +108,22 @@ class EngineRunners:
             roles.append(replace(with_private_view(r, self.family, instance, i), sampling=sampling))
         return roles
 
-    def _episodes(self, teams_and_tasks: list[tuple[Any, TaskInstance]], samples: int) -> list[list[Episode]]:
+    def _episodes(
+        self, teams_and_tasks: list[tuple[Any, TaskInstance]], samples: int, rewarded: bool = False
+    ) -> list[list[Episode]]:
+        """`samples` episodes of each (team, task); `rewarded`: each keeps the reward its team gave it."""
         self.calls += 1
         call = self.calls
+        options = {"verifier": self.family} if rewarded else {}
 
         async def one(team, inst: TaskInstance, g: int) -> Episode:
-            traj = await team.arun(inst, seed=derive_seed(self.seed, call, inst.id, g))
+            traj = await team.arun(inst, seed=derive_seed(self.seed, call, inst.id, g), **options)
             return Episode(
                 response=traj.final_answer or "",
                 completion_tokens=sum(len(t.completion_ids) for t in traj.turns),
                 prompt_tokens=sum(len(t.prompt_ids) for t in traj.turns),
                 turns=len(traj.turns),
+                reward=traj.reward if rewarded else None,
             )
 
         async def all_episodes() -> list[Episode]:
@@ -139,6 +145,17 @@ class EngineRunners:
                 for inst in instances
             ]
             return self._episodes(teams, samples)
+
+        return run
+
+    def graph(self, team: Any, rewarded: bool = True) -> Runner:
+        """A user's own graph as the team (training/run_dir.py `build_team` -> RoleGraphTeam): its roles
+        speak as the graph routes them, with their own sampling. `rewarded`: an episode is scored by the
+        graph's own reward (team.reward on its final state; without one, this family's verifier on its
+        answer); else the harness verifies the answer."""
+
+        def run(instances: Sequence[TaskInstance], samples: int) -> list[list[Episode]]:
+            return self._episodes([(team, inst) for inst in instances], samples, rewarded)
 
         return run
 

@@ -138,3 +138,9 @@ def reward(task: TaskInstance, state: ReviewState) -> float:
     if number is None:
         return 0.0
     return 1.0 if number == str(calculate(state["question"])) else 0.5
+
+
+def verify(task: TaskInstance, response: str) -> float:
+    """A verifier of the answer alone (`teamtr eval RUN_DIR --verifier examples.review_loop:verify`): 1 when
+    its first number is the expression's value. What a single model's answer can be scored by too."""
+    return float(first_number(response) == str(calculate(task.prompt.strip().splitlines()[-1])))

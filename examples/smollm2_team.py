@@ -86,9 +86,9 @@ def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def report(run_dir: Path) -> list[dict]:
-    """The run's held-out accuracy (the same eval.stage_episodes prompts, greedy, before stage 0 and after
+    """The run's held-out accuracy (the same eval.stage_episodes prompts, greedy, at the start and after
     each stage; metrics.jsonl) with 95% Wilson intervals."""
-    from teamtr.training.metrics import read_metrics
+    from teamtr.graphs.run_layout import read_metrics
 
     [before] = read_metrics(run_dir, kind="eval")
     n = before["episodes"]

@@ -31,7 +31,7 @@ from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.tool_calls import format_tool_call
-from teamtr.training.user_graph import default_input
+from teamtr.graphs.user_graph import default_input
 
 MAX_TOOL_ROUNDS = 2  # solver turns that may call the tool in one episode
 

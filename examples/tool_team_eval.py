@@ -13,8 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from teamtr.graphs.spec import build_team
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.training.run_dir import RunDir, build_team
+from teamtr.training.run_dir import RunDir
 
 
 def tool_use(trajectories: list[Trajectory], prompts: list[str]) -> dict[str, Any]:

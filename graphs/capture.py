@@ -28,9 +28,6 @@ of a thread starts from `make_input(task)`, a later one from `continue_input(tas
 which LangGraph applies to the stored state through the graph's reducers (a `MessagesState` appends the
 new messages). Either way the trajectory holds only this episode's calls, and the checkpoint is written
 once, when the episode ends (durability "exit").
-
-Over ~400 lines because the capture callback, the input/output conventions, `run_episode` and the
-runners over it (`EpisodeRunner`, `GraphTeam`) are the one path every episode takes.
 """
 
 from __future__ import annotations
@@ -94,8 +91,9 @@ class _Call:
     failed: bool = False
 
 
-def _node_path(metadata: Mapping[str, Any]) -> str | None:
-    """'outer/inner' from LangGraph's checkpoint namespace ('outer:<id>|inner:<id>'), else the node."""
+def node_path(metadata: Mapping[str, Any]) -> str | None:
+    """'outer/inner' from LangGraph's checkpoint namespace ('outer:<id>|inner:<id>'), else the node
+    (a call's callback metadata; serving/episodes.py records served turns by it too)."""
     ns = metadata.get("langgraph_checkpoint_ns") or ""
     parts = [p.split(":", 1)[0] for p in ns.split("|") if p]
     if parts:
@@ -127,6 +125,8 @@ class EpisodeCapture(BaseCallbackHandler):
         self.adapter_pins = dict(adapter_pins or {})
         self._calls: dict[UUID, _Call] = {}
         self._order: list[_Call] = []
+        self._node_runs: dict[UUID, str] = {}  # run id -> node, for the graph's node runs
+        self.failed_node: str | None = None  # the innermost node a failure went through
 
     # ---- what EngineChatModel asks ------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class EpisodeCapture(BaseCallbackHandler):
         meta = dict(metadata or {})
         call = _Call(
             index=len(self._order),
-            node=_node_path(meta),
+            node=node_path(meta),
             step=meta.get("langgraph_step"),
             meta=meta,
             model_name=_model_name(serialized, kwargs),
@@ -188,6 +188,21 @@ class EpisodeCapture(BaseCallbackHandler):
             node=call.node,
             step=call.step,
         )
+
+    def on_chain_start(
+        self, serialized: Any, inputs: Any, *, run_id: UUID, metadata: dict | None = None, **kwargs: Any
+    ) -> None:
+        node = node_path(dict(metadata or {}))
+        if node:
+            self._node_runs[run_id] = node
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._node_runs.pop(run_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        node = self._node_runs.pop(run_id, None)
+        if self.failed_node is None and node is not None:  # children fail first: the innermost node
+            self.failed_node = node
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         call = self._calls.get(run_id)
@@ -264,6 +279,24 @@ def _with_capture(config: Mapping[str, Any] | None, capture: EpisodeCapture) -> 
     return cfg
 
 
+@dataclass
+class EpisodeContext:
+    """Where an episode failed, added to its exception as a note (`describe_error` shows it)."""
+
+    graph: str
+    node: str | None
+    task: str
+
+    def note(self) -> str:
+        return f"in graph {self.graph!r}, node {self.node!r}, task {self.task!r}"
+
+
+def describe_error(e: BaseException) -> str:
+    """`Type: message`, then the notes (a failed episode's graph, node and task), for one-line reports."""
+    notes = [n for n in getattr(e, "__notes__", ()) if isinstance(n, str)]
+    return "; ".join([f"{type(e).__name__}: {e}", *notes])
+
+
 async def run_episode(
     graph: Any,
     task: TaskInstance | str,
@@ -318,6 +351,9 @@ async def run_episode(
             f"after {capture.calls_started} LLM calls, the last in node {capture.last_node()!r}; a loop that "
             "never ends? Add a turn guard to its conditional edge or raise recursion_limit"
         ) from e
+    except Exception as e:  # the type stays (callers map some, e.g. an engine's); where it failed is added
+        e.add_note(EpisodeContext(name, capture.failed_node or capture.last_node(), instance.id).note())
+        raise
     finally:
         active_episode.reset(token)
     final = read_output(state)

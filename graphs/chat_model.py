@@ -34,7 +34,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict
 
 from teamtr.graphs.chat_format import ChatFormat, render_prompt_ids
-from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams
+from teamtr.graphs.engine import DEFAULT_BASE, Engine, SamplingParams, streams_tokens
 from teamtr.graphs.tool_calls import call_id, parse_tool_calls
 from teamtr.graphs.trajectory import Turn
 
@@ -136,7 +136,7 @@ class EngineChatModel(BaseChatModel):
         tools = kwargs.get("tools") or None
         tokenizer = engine.tokenizer(self.base_model)
         prompt_ids = render_prompt_ids(tokenizer, messages, self.chat_format, tools)
-        if wants_tokens(run_manager) and getattr(engine, "streams_tokens", False):
+        if wants_tokens(run_manager) and streams_tokens(engine):
             gen = await _generate_streaming(engine, run_manager, prompt_ids, adapter, sampling, self.base_model)
         else:
             gen = await engine.generate(prompt_ids, adapter=adapter, sampling=sampling, base=self.base_model)

@@ -1,12 +1,16 @@
 """The engine interface shared by training rollouts and serving.
 
-Two implementations: `EmbeddedEngine` (transformers + peft, in process) and `VLLMEngine` (a real vLLM
-OpenAI-compatible server with runtime LoRA). A role's chat model, the trainer's rollouts and the chat
-API all talk to an engine through this interface only.
+Implementations (serving/engines/, opened by `open_engine`): `EmbeddedEngine` (transformers + peft, in
+process), `VLLMEngine` (a real vLLM OpenAI-compatible server with runtime LoRA), `VLLMReplicaEngine`
+(several vLLM servers per base) and training's `VLLMRollouts` (a VLLMEngine that records the trainer's
+versions). A role's chat model, the trainer's rollouts and the chat API all talk to an engine through
+`Engine` only; what some engines add is declared below as protocols of its own (`TokenStreaming`,
+`ServedAdapters`, `RestoresAdapters`, `Closable`) and asked with isinstance, never guessed with getattr.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -111,3 +115,49 @@ class Engine(Protocol):
     ) -> list[list[float]]:
         """log pi(x_u | prompt, x_<u) of given completion tokens under `adapter` (no sampling)."""
         ...
+
+
+@runtime_checkable
+class TokenStreaming(Protocol):
+    """An engine whose `generate` takes `on_token`, called with each piece of text as it is decoded (the
+    chat API streams the answer's tokens live through it)."""
+
+    streams_tokens: bool
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        adapter: str | None,
+        sampling: SamplingParams,
+        base: str = DEFAULT_BASE,
+        on_token: Callable[[str], None] | None = None,
+    ) -> Generation: ...
+
+
+@runtime_checkable
+class ServedAdapters(Protocol):
+    """An engine whose adapters live in servers that may restart and lose them (vLLM): readiness asks
+    the servers what they serve, not the engine's records."""
+
+    async def served_models(self, base: str = DEFAULT_BASE) -> list[str]: ...
+
+
+@runtime_checkable
+class RestoresAdapters(Protocol):
+    """... and can load again what a restarted server lost (one vLLM server per base)."""
+
+    async def restore_adapters(self, base: str = DEFAULT_BASE) -> list[str]: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """An engine holding connections (HTTP clients) to close when its owner stops."""
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def streams_tokens(engine: object) -> bool:
+    return isinstance(engine, TokenStreaming) and bool(engine.streams_tokens)

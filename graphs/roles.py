@@ -51,6 +51,14 @@ def role_messages(role: Role, task: str, transcript: list[tuple[str | None, str]
     return messages
 
 
+def with_view(role: Role, view: str | None) -> Role:
+    """The role with its private view of one task (a split-information family's table, the relay's
+    value) appended to its system prompt; the same role without one."""
+    if not view:
+        return role
+    return dataclasses.replace(role, system_prompt=f"{role.system_prompt}\n{view}".strip())
+
+
 def with_temperature(roles: list[Role], temperature: float) -> list[Role]:
     """The same roles, each sampling at `temperature` (training rollouts, evaluation, serving)."""
     return [

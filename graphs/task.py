@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+HELDOUT_SEED = 2_000_003  # held-out evaluation prompts' generator seed: disjoint from every train_seed's
+
 
 @dataclass(frozen=True)
 class TaskInstance:

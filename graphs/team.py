@@ -24,7 +24,6 @@ the max-turn guard start again with every request.
 
 from __future__ import annotations
 
-import importlib
 import operator
 import typing
 from collections.abc import Callable, Sequence
@@ -38,8 +37,9 @@ from langgraph.graph.state import CompiledStateGraph
 from teamtr.graphs.capture import EpisodeRunner, derive_seed, run_episode
 from teamtr.graphs.chat_format import ChatFormat, template_traits
 from teamtr.graphs.chat_model import strip_stop
+from teamtr.graphs.loading import import_module
 from teamtr.graphs.role_models import RoleModels, role_chat_model
-from teamtr.graphs.roles import Role, role_messages
+from teamtr.graphs.roles import Role, role_messages, with_view
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory, Turn
 
@@ -54,6 +54,8 @@ class TeamState(TypedDict):
     transcript: Annotated[list[dict[str, Any]], operator.add]
     final: str | None
     turns: int  # the turns of this episode (a thread's transcript holds earlier episodes too)
+    # private views of the task, one text per role in team order (meta["role_views"]: evals/tasks/relay.py)
+    views: list[str] | None
 
 
 Router = Callable[[TeamState], str]  # returns the next role's name, or END
@@ -83,12 +85,13 @@ class TeamError(ValueError):
 
 
 def load_router(spec: str) -> Router:
-    """The router a config names as `module:function`: a function of the state (or a RoundRobin instance)."""
+    """The router a config names as `module:function`: a function of the state (or a RoundRobin instance),
+    imported as every `module:attribute` of a config is (graphs/loading.py: the working directory too)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise TeamError(f"router must look like 'module:function', got {spec!r}")
     try:
-        module = importlib.import_module(module_name)
+        module = import_module(module_name)
     except ImportError as e:
         raise TeamError(f"router {spec!r}: cannot import module {module_name!r}: {e}") from e
     router = getattr(module, attr, None)
@@ -182,9 +185,13 @@ class Team(EpisodeRunner):
     def _node(self, role: Role) -> Callable:
         model = self.role_models.model(role.name)  # capture records the turn; pins and seeds come from it
 
+        index = [r.name for r in self.roles].index(role.name)
+
         async def act(state: TeamState) -> dict:
             transcript = [(None if e.get("user") else e["role"], e["text"]) for e in state["transcript"]]
-            reply = await model.ainvoke(role_messages(role, state["task"], transcript))
+            views = state.get("views")
+            me = with_view(role, views[index] if views and index < len(views) else None)
+            reply = await model.ainvoke(role_messages(me, state["task"], transcript))
             text = reply.text if isinstance(reply.text, str) else str(reply.content)
             final = text if self.is_final is not None and self.is_final(text) else None
             turn = {"role": role.name, "text": text}
@@ -263,7 +270,8 @@ class Team(EpisodeRunner):
         transcript = [{"role": t.role, "text": self._message_text(t)} for t in prefix]
 
         def start(instance: TaskInstance) -> TeamState:
-            return {"task": instance.prompt, "transcript": transcript, "final": None, "turns": len(prefix)}
+            return {"task": instance.prompt, "transcript": transcript, "final": None, "turns": len(prefix),
+                    "views": _views(instance)}  # fmt: skip
 
         metadata = {"team": self.name, "seed": seed, "prefix_turns": len(prefix)}
         suffix = await self._episode(
@@ -279,7 +287,11 @@ class Team(EpisodeRunner):
 
 
 def _team_input(task: TaskInstance) -> TeamState:
-    return {"task": task.prompt, "transcript": [], "final": None, "turns": 0}
+    return {"task": task.prompt, "transcript": [], "final": None, "turns": 0, "views": _views(task)}
+
+
+def _views(task: TaskInstance | str) -> list[str] | None:
+    return task.meta.get("role_views") if isinstance(task, TaskInstance) else None
 
 
 def _thread_input(task: TaskInstance) -> dict[str, Any]:

@@ -7,6 +7,7 @@ ever re-tokenised from text after the fact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -113,3 +114,9 @@ def load_jsonl(path: str | Path) -> Iterator[Trajectory]:
         for line in f:
             if line.strip():
                 yield Trajectory.from_dict(json.loads(line))
+
+
+def prompt_group(prompt: str) -> str:
+    """The group id of every served episode of one prompt text (training's group-normalised advantages
+    compare episodes of the same prompt; a per-request id would put each episode alone in its group)."""
+    return "prompt-" + hashlib.sha256(prompt.encode()).hexdigest()[:16]

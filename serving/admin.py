@@ -1,5 +1,6 @@
 """The /admin routes: list, promote and roll back adapter versions; stage a candidate team, set its canary
-share, promote it atomically or abandon it; read served episodes back (admin key; serving/auth.py).
+share, promote it atomically or abandon it; take `teamtr improve --watch`'s state reports (for /metrics);
+read served episodes back (admin key; serving/auth.py).
 
 A push is validated by the registry (serving/registry.py) before anything changes; a refused version
 is a 400 `adapter_rejected` and the serving version stays. serving/admin_client.py is their HTTP client;
@@ -9,9 +10,13 @@ is a 400 `adapter_rejected` and the serving version stays. serving/admin_client.
 from __future__ import annotations
 
 import asyncio
+import functools
+from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
+from teamtr.serving.adapter_checks import AdapterError, UnknownAdapterError
+from teamtr.serving.adapter_paths import AdapterRoots
 from teamtr.serving.auth import KeyCheck
 from teamtr.serving.canary import Candidate
 from teamtr.serving.errors import ERROR_RESPONSES, APIError
@@ -21,14 +26,22 @@ from teamtr.serving.protocol import (
     AdapterRollbackRequest,
     AdapterVersionInfo,
     CanaryShareRequest,
+    CandidateAbandonRequest,
     CandidateDecision,
     CandidateInfo,
-    CandidateStageRequest,
+    CandidateLoadRequest,
+    FeedbackTrajectoriesResponse,
+    ImproveReport,
     ServedEpisodesResponse,
+    TeamRestoreRequest,
 )
-from teamtr.serving.registry import AdapterError, AdapterRegistry, AdapterVersion, UnknownAdapterError
-from teamtr.serving.served_episodes import served_episodes
-from teamtr.serving.tracing import TeamTracer
+from teamtr.serving.registry import AdapterRegistry, AdapterVersion
+from teamtr.serving.served_episodes import feedback_trajectories, served_episodes
+from teamtr.serving.tracing import MissingTokensError, TeamTracer
+
+MAX_EPISODES = 100_000  # the most episodes one GET /admin/episodes gives
+SQLITE_INT_MAX = 2**63 - 1
+MAX_REPORTS = 64  # teams whose `teamtr improve --watch` reports the server keeps  # a larger since_ns is no SQLite INTEGER
 
 
 def version_info(registry: AdapterRegistry, v: AdapterVersion) -> AdapterVersionInfo:
@@ -42,6 +55,7 @@ def version_info(registry: AdapterRegistry, v: AdapterVersion) -> AdapterVersion
         current=registry.current(v.adapter).version == v.version,
         candidate=registry.is_candidate(v.adapter, v.version),
         lineage=v.lineage,
+        state=registry.state(v),
     )
 
 
@@ -70,9 +84,20 @@ def _require_known(registry: AdapterRegistry, adapter: str) -> None:
 
 
 def admin_router(
-    registry: AdapterRegistry, admin_key: KeyCheck, tracer: TeamTracer | None = None
+    registry: AdapterRegistry,
+    admin_key: KeyCheck,
+    tracer: TeamTracer | None = None,
+    roots: AdapterRoots | None = None,
 ) -> APIRouter:
+    """`roots`: where pushed adapter paths may be (serving/adapter_paths.py); default: anywhere."""
     router = APIRouter(dependencies=[Depends(admin_key)], responses=ERROR_RESPONSES)
+    roots = roots or AdapterRoots(None)
+
+    def confined(path: str, param: str) -> Path:
+        try:
+            return roots.resolve(path)
+        except ValueError as e:
+            raise APIError(400, str(e), param=param, code="adapter_path_refused") from None
 
     @router.get("/admin/adapters", response_model=AdapterListResponse)
     async def list_adapters() -> AdapterListResponse:
@@ -80,15 +105,17 @@ def admin_router(
             roles={a: [version_info(registry, v) for v in registry.versions(a)] for a in registry.adapters()},
             current=registry.current_versions(),
             candidate=candidate_info(registry.candidate),
+            teams=registry.teams,
         )
 
     @router.post("/admin/adapters", response_model=AdapterVersionInfo)
     async def push_adapter(body: AdapterPushRequest) -> AdapterVersionInfo:
         _require_known(registry, body.role)
+        path = confined(body.path, "path")
         try:
-            return version_info(registry, await registry.push(body.role, body.path, body.version))
+            return version_info(registry, await registry.push(body.role, path, body.version))
         except AdapterError as e:
-            raise APIError(400, str(e), param="path", code="adapter_rejected") from None
+            raise APIError(400, roots.hide(str(e)), param="path", code="adapter_rejected") from None
 
     @router.post("/admin/adapters/rollback", response_model=AdapterVersionInfo)
     async def rollback_adapter(body: AdapterRollbackRequest) -> AdapterVersionInfo:
@@ -96,23 +123,24 @@ def admin_router(
         try:
             return version_info(registry, await registry.rollback(body.role))
         except (AdapterError, UnknownAdapterError) as e:
-            raise APIError(400, str(e), param="role", code="rollback_refused") from None
+            raise APIError(409, str(e), param="role", code="rollback_refused") from None
 
     @router.get("/admin/candidate", response_model=CandidateInfo | None)
     async def get_candidate() -> CandidateInfo | None:
         return candidate_info(registry.candidate)
 
     @router.post("/admin/candidate", response_model=CandidateInfo)
-    async def stage_candidate(body: CandidateStageRequest) -> CandidateInfo:
+    async def load_candidate(body: CandidateLoadRequest) -> CandidateInfo:
         for adapter in body.versions:
             _require_known(registry, adapter)
+        paths = {a: confined(v.path, f"versions.{a}.path") for a, v in body.versions.items()}
         try:
-            candidate = await registry.stage_candidate(
-                {a: (v.path, v.version) for a, v in body.versions.items()}, body.lineage
+            candidate = await registry.load_candidate(
+                {a: (paths[a], v.version) for a, v in body.versions.items()}, body.lineage
             )
             registry.set_canary_share(body.share)
         except AdapterError as e:
-            raise APIError(400, str(e), param="versions", code="candidate_rejected") from None
+            raise APIError(400, roots.hide(str(e)), param="versions", code="candidate_rejected") from None
         return candidate_info(candidate)  # type: ignore[return-value]
 
     @router.post("/admin/candidate/share", response_model=CandidateInfo)
@@ -135,18 +163,62 @@ def admin_router(
         return await decide("promoted", registry.promote_candidate, "no_candidate")
 
     @router.post("/admin/candidate/abandon", response_model=CandidateDecision)
-    async def abandon() -> CandidateDecision:
-        return await decide("abandoned", registry.abandon_candidate, "no_candidate")
+    async def abandon(body: CandidateAbandonRequest | None = None) -> CandidateDecision:
+        b = body or CandidateAbandonRequest()
+        step = functools.partial(registry.abandon_candidate, b.rolled_back, b.reason)
+        return await decide("rolled_back" if b.rolled_back else "abandoned", step, "no_candidate")
+
+    @router.post("/admin/teams/restore", response_model=CandidateDecision)
+    async def restore(body: TeamRestoreRequest) -> CandidateDecision:
+        """An earlier promoted team (the listing's `teams[team]`) serves again, all adapters at once."""
+        return await decide(
+            "restored", functools.partial(registry.restore_team, body.team), "restore_refused"
+        )
 
     @router.post("/admin/candidate/rollback", response_model=CandidateDecision)
     async def rollback_promotion() -> CandidateDecision:
         """The last promoted candidate team, undone for all its roles at once."""
         return await decide("rolled_back", registry.rollback_promotion, "rollback_refused")
 
+    @router.post("/admin/improve", response_model=ImproveReport)
+    async def report_improve(body: ImproveReport) -> ImproveReport:
+        """`teamtr improve --watch` reports its state here, for /metrics (serving/metrics.py)."""
+        if body.team not in registry.improve_reports and len(registry.improve_reports) >= MAX_REPORTS:
+            raise APIError(409, f"reports of {MAX_REPORTS} teams are kept already", code="too_many_reports")
+        registry.improve_reports[body.team] = body
+        return body
+
+    @router.get("/admin/improve", response_model=dict[str, ImproveReport])
+    async def improve_reports() -> dict[str, ImproveReport]:
+        return registry.improve_reports
+
     @router.get("/admin/episodes", response_model=ServedEpisodesResponse)
     async def episodes(
-        team: str | None = None, since_ns: int = 0, limit: int | None = None
+        team: str | None = Query(None, min_length=1, max_length=128),
+        since_ns: int = Query(0, ge=0, le=SQLITE_INT_MAX, description="episodes started at or after"),
+        limit: int | None = Query(None, ge=1, le=MAX_EPISODES, description="the newest this many"),
     ) -> ServedEpisodesResponse:
+        store = await flushed_store()
+        found = await asyncio.to_thread(served_episodes, store, team=team, since_ns=since_ns, limit=limit)
+        return ServedEpisodesResponse(episodes=found)
+
+    @router.get("/admin/feedback-episodes", response_model=FeedbackTrajectoriesResponse)
+    async def feedback_episodes(
+        team: str | None = Query(None, min_length=1, max_length=128),
+        since_ns: int = Query(0, ge=0, le=SQLITE_INT_MAX, description="episodes started at or after"),
+        limit: int | None = Query(None, ge=1, le=MAX_EPISODES, description="the newest this many"),
+    ) -> FeedbackTrajectoriesResponse:
+        """Exploratory episodes (serving/exploration.py) with feedback, with their tokens and log-probs."""
+        store = await flushed_store()
+        try:
+            found = await asyncio.to_thread(
+                feedback_trajectories, store, team=team, since_ns=since_ns, limit=limit
+            )
+        except MissingTokensError as e:
+            raise APIError(409, str(e), code="tokens_not_captured") from None
+        return FeedbackTrajectoriesResponse(trajectories=[t.to_dict() for t in found])
+
+    async def flushed_store() -> Path:
         if tracer is None or tracer.store_path is None:
             raise APIError(
                 409,
@@ -154,9 +226,6 @@ def admin_router(
                 code="tracing_disabled",
             )
         await asyncio.to_thread(tracer.flush)  # spans still in the batch processor's queue
-        found = await asyncio.to_thread(
-            served_episodes, tracer.store_path, team=team, since_ns=since_ns, limit=limit
-        )
-        return ServedEpisodesResponse(episodes=found)
+        return Path(tracer.store_path)
 
     return router

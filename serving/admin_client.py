@@ -10,11 +10,14 @@ from typing import Any
 
 import httpx
 
+from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.protocol import (
     AdapterListResponse,
     AdapterVersionInfo,
     CandidateDecision,
     CandidateInfo,
+    FeedbackTrajectoriesResponse,
+    ImproveReport,
     ServedEpisode,
     ServedEpisodesResponse,
 )
@@ -59,7 +62,7 @@ class AdminClient:
         data = self._request("GET", "/admin/candidate")
         return CandidateInfo.model_validate(data) if data else None
 
-    def stage_candidate(
+    def load_candidate(
         self,
         versions: dict[str, tuple[str | Path, int | None]],
         lineage: dict[str, Any] | None = None,
@@ -83,17 +86,32 @@ class AdminClient:
         """The last promoted candidate team goes back to the versions it replaced, all roles at once."""
         return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/rollback"))
 
-    def abandon_candidate(self) -> CandidateDecision:
-        return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/abandon"))
+    def abandon_candidate(self, rolled_back: bool = False, reason: str | None = None) -> CandidateDecision:
+        """Drop the candidate; `rolled_back`: its canary decided against it."""
+        body = {"rolled_back": rolled_back, "reason": reason}
+        return CandidateDecision.model_validate(self._request("POST", "/admin/candidate/abandon", body))
+
+    def restore_team(self, team: int) -> CandidateDecision:
+        """The promoted team `list_versions().teams[team]` serves again, every adapter at once."""
+        return CandidateDecision.model_validate(self._request("POST", "/admin/teams/restore", {"team": team}))
+
+    def report_improve(self, report: ImproveReport) -> ImproveReport:
+        """`teamtr improve --watch`'s state, for the server's /metrics."""
+        return ImproveReport.model_validate(self._request("POST", "/admin/improve", report.model_dump()))
 
     def episodes(
         self, team: str | None = None, since_ns: int = 0, limit: int | None = None
     ) -> list[ServedEpisode]:
-        params = "&".join(
-            f"{k}={v}" for k, v in (("team", team), ("since_ns", since_ns), ("limit", limit)) if v is not None
-        )
-        data = self._request("GET", f"/admin/episodes?{params}")
+        data = self._request("GET", f"/admin/episodes?{_query(team, since_ns, limit)}")
         return ServedEpisodesResponse.model_validate(data).episodes
+
+    def feedback_episodes(
+        self, team: str | None = None, since_ns: int = 0, limit: int | None = None
+    ) -> list[Trajectory]:
+        """Exploratory served episodes with feedback, as trajectories (GET /admin/feedback-episodes)."""
+        data = self._request("GET", f"/admin/feedback-episodes?{_query(team, since_ns, limit)}")
+        found = FeedbackTrajectoriesResponse.model_validate(data).trajectories
+        return [Trajectory.from_dict(t) for t in found]
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
@@ -108,3 +126,8 @@ class AdminClient:
             message = error.get("message", r.text) if isinstance(error, dict) else r.text
             raise AdminRequestError(r.status_code, message)
         return data
+
+
+def _query(team: str | None, since_ns: int, limit: int | None) -> str:
+    pairs = (("team", team), ("since_ns", since_ns), ("limit", limit))
+    return "&".join(f"{k}={v}" for k, v in pairs if v is not None)

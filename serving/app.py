@@ -20,16 +20,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import Depends, FastAPI, Path, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory
+from teamtr.serving.adapter_paths import AdapterRoots
 from teamtr.serving.admin import admin_router
-from teamtr.serving.auth import admin_key_check, api_key_check
+from teamtr.serving.auth import admin_key_check, api_key_check, key_owner, pages_key_check
 from teamtr.serving.body_limit import BodyLimit
 from teamtr.serving.conversations import Conversations
-from teamtr.serving.episodes import EpisodeRunner, ServedTeam, registered_adapters
+from teamtr.serving.episodes import ServedEpisodeRunner, ServedTeam, registered_adapters
 from teamtr.serving.errors import ERROR_RESPONSES, install_error_handlers
 from teamtr.serving.health import not_ready_reasons
 from teamtr.serving.metrics import CONTENT_TYPE, TEAM_STATE_KEY, RequestMetrics
@@ -50,7 +52,7 @@ from teamtr.serving.settings import ServeSettings, TeamPolicy
 from teamtr.serving.shutdown import CancelledAnswer
 from teamtr.serving.tracing import TeamTracer
 
-__all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what cli/server.py builds from
+__all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what serving/server.py builds from
 
 
 def _caller(http: Request) -> str:
@@ -79,13 +81,16 @@ def create_app(
         for name, t in teams.items()
     }
     conversations = conversations or Conversations(settings.max_conversations)
-    runner = EpisodeRunner(registry, tracer, conversations, on_trajectory)
+    runner = ServedEpisodeRunner(registry, tracer, conversations, on_trajectory)
     service = ChatCompletionService(served, registry, tracer, settings, runner, conversations)
 
+    protect = settings.protect_pages
     app = FastAPI(
         title="teamtr team chat API",
         version="0.1.0",
         description="OpenAI-compatible chat completions where `model` names a team of role agents.",
+        # protected pages are served below, behind a key
+        **({"docs_url": None, "redoc_url": None, "openapi_url": None} if protect else {}),
     )
     app.state.registry, app.state.tracer, app.state.settings, app.state.teams = (
         registry,
@@ -98,7 +103,11 @@ def create_app(
     app.add_middleware(CancelledAnswer)
     app.add_middleware(RequestMetrics, metrics=lambda: service.metrics)
     install_error_handlers(app)
-    api_key = [Depends(api_key_check(settings))]
+    # declared only where checked: the schema then says which routes need a key on this server
+    api_key = [Depends(api_key_check(settings))] if settings.api_keys else []
+    page_key = [Depends(pages_key_check(settings))] if protect else []
+    if protect:
+        _protected_docs(app, page_key)
 
     @app.post(
         "/v1/chat/completions",
@@ -111,7 +120,10 @@ def create_app(
             setattr(http.state, TEAM_STATE_KEY, request.model)  # the metrics' team label
         service.check_rate(_caller(http))
         completion = service.prepare(
-            request, http.headers.get(CONVERSATION_HEADER), http.headers.get(TIMEOUT_HEADER)
+            request,
+            http.headers.get(CONVERSATION_HEADER),
+            http.headers.get(TIMEOUT_HEADER),
+            owner=key_owner(http.headers.get("authorization"), settings),
         )
         headers = {CONVERSATION_HEADER: completion.conversation_id}
 
@@ -138,16 +150,16 @@ def create_app(
         return service.models()
 
     @app.get("/v1/models/{model}", response_model=ModelCard, dependencies=api_key, responses=ERROR_RESPONSES)
-    async def model(model: str) -> ModelCard:
+    async def model(model: str = Path(min_length=1, max_length=256)) -> ModelCard:
         return service.model(model)
 
     @app.post(
         "/v1/feedback", response_model=FeedbackResponse, dependencies=api_key, responses=ERROR_RESPONSES
     )
-    async def feedback(body: FeedbackRequest) -> FeedbackResponse:
-        return service.feedback(body)
+    async def feedback(body: FeedbackRequest, http: Request) -> FeedbackResponse:
+        return service.feedback(body, key_owner(http.headers.get("authorization"), settings))
 
-    @app.get("/health", response_model=HealthResponse)
+    @app.get("/health", response_model=HealthResponse, dependencies=page_key, responses=ERROR_RESPONSES)
     async def health() -> HealthResponse:
         return service.health()
 
@@ -162,9 +174,26 @@ def create_app(
             return JSONResponse(ReadyResponse(status="not_ready", reasons=reasons).model_dump(), 503)
         return ReadyResponse(status="ready")
 
-    @app.get("/metrics", response_class=Response)
+    @app.get("/metrics", response_class=Response, dependencies=page_key, responses=ERROR_RESPONSES)
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
-    app.include_router(admin_router(registry, admin_key_check(settings), tracer))
+    roots = AdapterRoots(settings.adapter_roots)
+    app.include_router(admin_router(registry, admin_key_check(settings), tracer, roots))
     return app
+
+
+def _protected_docs(app: FastAPI, key: list[Any]) -> None:
+    """/openapi.json, /docs and /redoc behind a key (the production preset)."""
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=key)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=key)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
+
+    @app.get("/redoc", include_in_schema=False, dependencies=key)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=app.title)

@@ -1,12 +1,18 @@
-"""Bearer keys as FastAPI dependencies: the chat API's keys and the admin key.
+"""Bearer keys as FastAPI dependencies: the chat API's keys, the admin key, and the pages' key check.
 
 The chat API is open when no API key is configured, and the admin key is accepted there too. The admin
 endpoints answer 403 while no admin key is configured, and 403 (not 401) to a valid API key, so a caller
-can tell "wrong key" from "right key, wrong endpoint".
+can tell "wrong key" from "right key, wrong endpoint". With `protect_pages` (the production preset)
+/docs, /redoc, /openapi.json, /health and /metrics want any configured key, API or admin.
+
+A conversation belongs to the key that created it (`key_owner`: a digest of the key, never the key):
+serving/conversations.py stores it, serving/service.py answers another key's continuation or feedback
+with a 404. On an open chat API (no API keys) there are no owners.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 
@@ -42,6 +48,32 @@ def api_key_check(settings: ServeSettings) -> KeyCheck:
             raise APIError(401, "incorrect API key", "authentication_error", code="invalid_api_key")
 
     return api_key
+
+
+def key_owner(authorization: str | None, settings: ServeSettings) -> str | None:
+    """Whose conversations a request may see: the digest of its bearer key, on a keyed chat API (the key
+    was checked by `api_key_check` already); None on an open one."""
+    if not settings.api_keys or not authorization or not authorization.lower().startswith("bearer "):
+        return None
+    return hashlib.sha256(authorization[7:].strip().encode()).hexdigest()[:32]
+
+
+def pages_key_check(settings: ServeSettings) -> KeyCheck:
+    """The dependency of /docs, /openapi.json, /health and /metrics: any configured key, when protected."""
+
+    async def pages_key(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+        if not settings.protect_pages:
+            return
+        keys = (*settings.api_keys, *((settings.admin_key,) if settings.admin_key else ()))
+        if credentials is None or not _matches(credentials.credentials, keys):
+            raise APIError(
+                401,
+                "this page needs a key on this server: send 'Authorization: Bearer <key>'",
+                "authentication_error",
+                code="invalid_api_key",
+            )
+
+    return pages_key
 
 
 def admin_key_check(settings: ServeSettings) -> KeyCheck:

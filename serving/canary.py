@@ -19,9 +19,9 @@ class Candidate:
     """Candidate versions of some adapters (adapter -> version), with where they came from."""
 
     versions: dict[str, int]
-    incumbent: dict[str, int]  # the current version of each adapter when the candidate was staged
+    incumbent: dict[str, int]  # the current version of each adapter when the candidate was loaded
     lineage: dict[str, Any] = field(default_factory=dict)  # run, data window, ... (the caller's record)
-    share: float = 0.0  # of new episodes that pin the candidate (0: staged only, e.g. while gated)
+    share: float = 0.0  # of new episodes that pin the candidate (0: loaded only, e.g. while gated)
     episodes: int = 0  # episodes drawn since the share was last set
     canary_episodes: int = 0  # of them, pinned to the candidate
     total_canary_episodes: int = 0  # over the candidate's life

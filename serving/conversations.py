@@ -8,15 +8,18 @@ keeps, besides the team and episode count `/v1/feedback` needs (serving/service.
 digest of each chat message the client has sent or received, so a client that resends the whole
 conversation is recognised and its old messages are not added twice.
 
-With a file (`conversations.db` under the serve directory, cli/server.py) the table lives in it and the
+With a file (`conversations.db` under the serve directory, serving/server.py) the table lives in it and the
 checkpoints (`AsyncSqliteSaver`, langgraph-checkpoint-sqlite) beside it in `conversations-threads.db`
 (`threads_path`): one connection per file, because a checkpointer read left open across an episode's
 awaits held a lock that made the table's writes fail with "database is locked". Both survive a restart;
 without a file both live in memory (`InMemorySaver`), as a plain `create_app` server needs. A file that is
 not a readable SQLite database is reported (`ConversationStoreError`, naming the file) and never written
 to: the server refuses to start rather than lose conversations. The seen-message digests are committed
-by a background thread, batched (serving/sqlite_writer.py): a request does not wait for that commit, and
-a read first waits for the writes submitted before it.
+by a background thread, batched across requests (serving/sqlite_writer.py), and a request's answer
+waits for its commit: what a client was answered survives a kill, so its resent history is recognised.
+
+Each conversation records its owner (serving/auth.py `key_owner`, a digest of the key that created it;
+None on an open chat API): serving/service.py shows a conversation to its owner only.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY,
     team TEXT NOT NULL,
     episodes INTEGER NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (updated);
 CREATE TABLE IF NOT EXISTS seen_messages (
@@ -93,6 +97,10 @@ class Conversations:
         )
         try:
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
+            if "owner" not in columns:  # a store written before conversations had owners: nobody's
+                self._db.execute("ALTER TABLE conversations ADD COLUMN owner TEXT")
+                self._db.commit()
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
             self._db.close()
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None
@@ -105,8 +113,12 @@ class Conversations:
         """Opened read-only first, so a corrupt file is reported without a byte of it changing."""
         if not path.exists():
             return
+        journal = path.with_name(path.name + "-journal")
+        # a hot journal (a process killed mid-transaction) is rolled back by the first writable connection:
+        # SQLite's own recovery of a sound file, which a read-only one cannot do
+        uri = f"file:{path}" if journal.exists() else f"file:{path}?mode=ro"
         try:
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
             try:
                 db.execute("SELECT count(*) FROM sqlite_master").fetchone()
                 (ok,) = db.execute("PRAGMA quick_check").fetchone()
@@ -168,34 +180,46 @@ class Conversations:
 
     # ---- the table ------------------------------------------------------------------------------------
 
-    def add_episode(self, conversation_id: str, team: str = "") -> list[str]:
-        """Count an episode of the conversation; returns the ids evicted to stay within `capacity`
-        (their thread state is for `forget`)."""
+    def add_episode(self, conversation_id: str, team: str = "", owner: str | None = None) -> list[str]:
+        """Count an episode of the conversation (created owned by `owner`); returns the ids evicted to stay
+        within `capacity` (their thread state is for `forget`)."""
         with self._lock, self._db:
             self._db.execute(
-                "INSERT INTO conversations VALUES (?, ?, 1, ?) ON CONFLICT(id) DO UPDATE SET "
+                "INSERT INTO conversations VALUES (?, ?, 1, ?, ?) ON CONFLICT(id) DO UPDATE SET "
                 "episodes = episodes + 1, updated = excluded.updated",
-                (conversation_id, team, time.time()),
+                (conversation_id, team, time.time(), owner),
             )
             return self._evict()
 
-    def add_seen(self, conversation_id: str, digests: Sequence[str]) -> None:
-        """Record messages the client has now seen in the conversation (its own and the answer); committed
-        in the background (a conversation evicted meanwhile gets none)."""
+    def owner(self, conversation_id: str) -> str | None:
+        """Who created the conversation (KeyError for an unknown id); add_episode writes it at once."""
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise KeyError(conversation_id)
+        return row[0]
+
+    async def add_seen(self, conversation_id: str, digests: Sequence[str], start: int | None = None) -> None:
+        """Record messages the client has now seen in the conversation (its own and the answer), from
+        position `start` on (default: after the last; what was recorded from there on is replaced: the
+        client never saw it); returns once committed, batched with other requests' writes (a
+        conversation evicted meanwhile gets none)."""
         digests = list(digests)
 
         def write(db: sqlite3.Connection) -> None:
             if db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
                 return
-            (start,) = db.execute(
+            (count,) = db.execute(
                 "SELECT count(*) FROM seen_messages WHERE conversation_id = ?", (conversation_id,)
             ).fetchone()
+            at = count if start is None else min(start, count)
+            db.execute("DELETE FROM seen_messages WHERE conversation_id = ? AND seq >= ?", (conversation_id, at))
             db.executemany(
                 "INSERT INTO seen_messages VALUES (?, ?, ?)",
-                [(conversation_id, start + i, d) for i, d in enumerate(digests)],
+                [(conversation_id, at + i, d) for i, d in enumerate(digests)],
             )
 
-        self._writer.submit(write)
+        await asyncio.wrap_future(self._writer.submit(write))
 
     def seen(self, conversation_id: str) -> list[str]:
         """The digests of the conversation's messages so far, oldest first (empty for an unknown id)."""

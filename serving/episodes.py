@@ -21,11 +21,13 @@ from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
+from teamtr.graphs.capture import node_path
 from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_reply
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.serving.conversations import Conversations
+from teamtr.serving.exploration import EXPLORATION_KEY
 from teamtr.serving.protocol import TurnInfo
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.tracing import TeamTracer
@@ -79,7 +81,7 @@ class TurnRecorder(AsyncCallbackHandler):
             on_turn,
         )
         self.observe_turn = observe_turn  # (role, seconds, completion tokens), for /metrics
-        self._started: dict[UUID, tuple[int, str]] = {}
+        self._started: dict[UUID, tuple[int, str, int | None]] = {}  # run id -> (start ns, node, step)
         # (turn index, role, text piece) as each turn is decoded; the engine streams only when it is set
         self.on_token = on_token
         self.wants_tokens = on_token is not None
@@ -98,8 +100,9 @@ class TurnRecorder(AsyncCallbackHandler):
         **kwargs: Any,
     ) -> None:
         meta = metadata or {}
-        node = meta.get("langgraph_node", "")
-        self._started[run_id] = (time.time_ns(), node)
+        # where in the graph the call was made, as graphs/capture.py records it for a rollout's turns
+        node = node_path(meta) or ""
+        self._started[run_id] = (time.time_ns(), node, meta.get("langgraph_step"))
         # turns are indexed in the order they start (a Team's turns run one at a time, so also as they end)
         self._speaking[run_id] = (self._calls, meta.get("teamtr_role") or node)
         self._calls += 1
@@ -110,7 +113,7 @@ class TurnRecorder(AsyncCallbackHandler):
             self.on_token(index, role, token)
 
     async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        start_ns, node = self._started.pop(run_id, (None, ""))
+        start_ns, node, step = self._started.pop(run_id, (None, "", None))
         self._speaking.pop(run_id, None)
         message = response.generations[0][0].message  # type: ignore[attr-defined]
         if not is_engine_reply(message):  # not an engine-backed model: nothing to trace at token level
@@ -118,7 +121,7 @@ class TurnRecorder(AsyncCallbackHandler):
         # the role the engine model spoke as (a user graph's node may speak as several roles, e.g. one
         # node behind two `Send` branches), not the node's name
         role = message.response_metadata[METADATA_KEY].get("role") or node
-        turn = turn_from_reply(message, role, node=node or None)
+        turn = turn_from_reply(message, role, node=node or None, step=step)
         index = len(self.turns)
         self.turns.append(turn)
         finish = message.response_metadata.get("finish_reason", "stop")
@@ -141,7 +144,7 @@ class EpisodeResult:
     seconds: float = 0.0  # the episode's wall time
 
 
-class EpisodeRunner:
+class ServedEpisodeRunner:
     """Runs served episodes on the registry's engine; every finished trajectory goes to `on_trajectory`
     (online training hooks, tests)."""
 
@@ -170,13 +173,17 @@ class EpisodeRunner:
         messages: list[BaseMessage] | None = None,
         on_token: Callable[[int, str, str], None] | None = None,
         checkpointer: Any | None = None,
+        owner: str | None = None,
+        exploration: bool = False,
     ) -> EpisodeResult:
         """`graph`: the team variant to run (serving/sampling.py; default `team.team`). `messages`: the
         request's chat messages, which a user graph's default input (MessagesState) receives as they are
-        (training/user_graph.py `default_input`); a Team reads the task text. `on_token(turn index, role,
+        (graphs/user_graph.py `default_input`); a Team reads the task text. `on_token(turn index, role,
         piece)`: each turn's text as it is decoded (token streaming; serving/service.py `stream`).
         `checkpointer`: the episode continues the thread `conversation_id` from its saved state
-        (serving/conversations.py); None: a fresh conversation."""
+        (serving/conversations.py); None: a fresh conversation. `owner`: the key digest a new
+        conversation belongs to (serving/auth.py `key_owner`). `exploration`: the episode samples at the
+        training temperature (serving/exploration.py); its span and trajectory metadata say so."""
         started = time.perf_counter()
         async with self.registry.pin(sorted(set(team.adapters.values()))) as pinned:
             pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
@@ -198,9 +205,11 @@ class EpisodeRunner:
                     instance, seed=seed, adapter_pins=pins, config=config, **threaded
                 )
                 trajectory.metadata["conversation_id"] = conversation_id
+                if exploration:
+                    trajectory.metadata[EXPLORATION_KEY] = True
                 if self.tracer is not None:
                     self.tracer.finish_episode(span, trajectory, versions)
-        await self.conversations.forget(self.conversations.add_episode(conversation_id, name))
+        await self.conversations.forget(self.conversations.add_episode(conversation_id, name, owner))
         if self.on_trajectory is not None:
             self.on_trajectory(trajectory)
         finish = recorder.finish_reasons[-1] if recorder.finish_reasons else "stop"

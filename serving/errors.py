@@ -2,35 +2,49 @@
 
 `APIError` is what the service and the routes raise; `install_error_handlers` makes FastAPI answer
 it, request validation failures (400), HTTP errors (status kept, type from the status) and any crash (500)
-in that shape. `ERROR_RESPONSES` documents those answers in the OpenAPI schema of a route.
+in that shape. `ERROR_RESPONSES` documents those answers in the OpenAPI schema of a route. A crash is
+logged with its traceback (logger `teamtr.serving`) and named in its answer, with the graph, node and
+task a failing episode adds (graphs/capture.py `EpisodeContext`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from teamtr.graphs.capture import describe_error
+from teamtr.serving.engines.vllm_http import VLLMRequestError
 from teamtr.serving.protocol import ErrorResponse, error_body
-from teamtr.serving.vllm_http import VLLMRequestError
+
+log = logging.getLogger("teamtr.serving")
+
+# the longest Retry-After a 429 asks for: a client told to wait longer would find its pooled connection
+# closed; cli/serve.py keeps connections alive longer than this
+MAX_RETRY_AFTER_S = 30
 
 # OpenAI's error type for each status a route can answer besides 400 (invalid_request_error) and 500
 TYPE_OF_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     408: "timeout_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_error",
 }
 
+# every error status a route can answer: 409 (candidate state, tracing off), 499 (client gone), 500, 503
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 429)
+    status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 409, 413, 429, 499, 500, 503)
 }
 
 
@@ -52,8 +66,8 @@ class APIError(Exception):
 
 
 def too_many_requests(message: str, retry_after_s: float, code: str) -> APIError:
-    """429 in OpenAI's shape with a Retry-After header (whole seconds, at least 1)."""
-    seconds = max(1, math.ceil(retry_after_s))
+    """429 in OpenAI's shape with a Retry-After header (whole seconds, 1 to MAX_RETRY_AFTER_S)."""
+    seconds = min(MAX_RETRY_AFTER_S, max(1, math.ceil(retry_after_s)))
     return APIError(
         429,
         f"{message}; retry after {seconds} s",
@@ -101,12 +115,28 @@ async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
     return error_response(400, message, "invalid_request_error", ".".join(loc) or None, first.get("type"))
 
 
-async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route of the request's path answers (Starlette's 405 names the first route's)."""
+    allowed = {"OPTIONS"}
+    for method in METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.add(method)
+    return ", ".join(sorted(allowed))
+
+
+async def _http(request: Request, e: StarletteHTTPException) -> Response:
+    headers = getattr(e, "headers", None)
+    if e.status_code == 405:
+        allow = allowed_methods(request)
+        if request.method == "OPTIONS":  # what the path answers, with no body
+            return Response(status_code=204, headers={"Allow": allow})
+        headers = {**(headers or {}), "Allow": allow}
     return error_response(
-        e.status_code,
-        str(e.detail),
-        TYPE_OF_STATUS.get(e.status_code, "invalid_request_error"),
-        headers=getattr(e, "headers", None),
+        e.status_code, str(e.detail), TYPE_OF_STATUS.get(e.status_code, "invalid_request_error"), headers=headers
     )
 
 
@@ -131,8 +161,10 @@ async def _group(request: Request, e: ExceptionGroup) -> JSONResponse:
     return await _crash(request, first if isinstance(first, Exception) else e)
 
 
-async def _crash(_: Request, e: Exception) -> JSONResponse:
-    return error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+async def _crash(request: Request, e: Exception) -> JSONResponse:
+    what = describe_error(e)
+    log.error("%s %s: 500 internal error: %s", request.method, request.url.path, what, exc_info=e)
+    return error_response(500, f"internal error: {what}", "server_error")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -2,7 +2,7 @@
 new episodes would pin is loaded in the engine (asked of the engine itself, not the registry's records).
 
 A vLLM server that restarted lost its runtime-loaded adapters: the probe has the engine load them again
-(serving/vllm_engine.py `restore_adapters`), so readiness comes back once the server answers.
+(serving/engines/vllm_engine.py `restore_adapters`), so readiness comes back once the server answers.
 
 `/health/live` only says the process answers; `/health` (teams, versions, in flight) is unchanged.
 """
@@ -12,19 +12,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.engine import RestoresAdapters, SamplingParams, ServedAdapters
 from teamtr.serving.registry import AdapterRegistry
 
 PROBE = SamplingParams(temperature=0.0, max_new_tokens=1)
 
 
 async def _loaded(engine: Any, base: str) -> set[str]:
-    restore = getattr(engine, "restore_adapters", None)  # vLLM: a restarted server lost its adapters
-    if restore is not None:
-        await restore(base)
-    served = getattr(engine, "served_models", None)  # vLLM: ask the server, it may have restarted
-    if served is not None:
-        return set(await served(base))
+    if isinstance(engine, RestoresAdapters):  # vLLM: a restarted server lost its adapters
+        await engine.restore_adapters(base)
+    if isinstance(engine, ServedAdapters):  # vLLM: ask the server, it may have restarted
+        return set(await engine.served_models(base))
     return set(engine.adapters(base))
 
 

@@ -4,7 +4,8 @@ in one process, e.g. in tests).
 Recorded as they happen: requests by team and status (`RequestMetrics` middleware; 499 = the client
 went away before an answer), episode, turn and time-to-first-content latencies, generated tokens.
 Read at scrape time: queue depth and in-flight episodes per team (serving/limits.py), the adapter
-version in use per adapter, swaps, refused pushes and rollbacks (serving/registry.py's counters).
+version in use per adapter, swaps, refused pushes and rollbacks (serving/registry.py's counters), the
+candidate under canary, and what `teamtr improve --watch` last reported (`POST /admin/improve`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,78 @@ class _LiveState(Collector):
             for adapter in self.registry.adapters():
                 family.add_metric([adapter], counts[adapter])
             yield family
+        yield from self._candidate()
+        yield from self._improve()
+
+    def _candidate(self) -> Iterator[Metric]:
+        """The candidate under canary (`teamtr improve`) and the decisions on candidates so far."""
+        c = self.registry.candidate
+        version = GaugeMetricFamily(
+            "teamtr_candidate_version", "the loaded candidate's version (0: none)", labels=["adapter"]
+        )
+        for adapter in self.registry.adapters():
+            version.add_metric([adapter], (c.versions.get(adapter, 0) if c is not None else 0))
+        yield version
+        yield GaugeMetricFamily(
+            "teamtr_canary_share", "share of new episodes on the candidate", value=c.share if c else 0.0
+        )
+        yield GaugeMetricFamily(
+            "teamtr_canary_episodes",
+            "episodes the candidate served",
+            value=c.total_canary_episodes if c else 0,
+        )
+        decisions = CounterMetricFamily(
+            "teamtr_candidate_decisions",
+            "candidates promoted, rolled back, abandoned; teams restored",
+            labels=["decision"],
+        )
+        for decision in ("promoted", "rolled_back", "abandoned", "promotion_rolled_back", "restored"):
+            decisions.add_metric([decision], self.registry.decisions[decision])
+        yield decisions
+
+    def _improve(self) -> Iterator[Metric]:
+        """Each team's `teamtr improve --watch`: its phase, rounds, last decision and that decision's figures."""
+        reports = sorted(self.registry.improve_reports.items())
+        phase = GaugeMetricFamily("teamtr_improve_phase", "1 for the watch's phase", labels=["team", "phase"])
+        rounds = CounterMetricFamily("teamtr_improve_rounds", "rounds finished", labels=["team", "outcome"])
+        last = GaugeMetricFamily(
+            "teamtr_improve_last_decision", "1 for the last round's outcome", labels=["team", "decision"]
+        )
+        figures = GaugeMetricFamily(
+            "teamtr_improve_last_decision_figure",
+            "the last decision's figures: gate_* (difference, lower_bound, prompts, kl_<adapter>), "
+            "canary_* (rewards, pairs, bounds)",
+            labels=["team", "figure"],
+        )
+        scalars = {
+            name: GaugeMetricFamily(f"teamtr_improve_{name}", doc, labels=["team"])
+            for name, doc in (
+                ("attempt", "the improve attempt of the last or current round"),
+                ("setbacks", "refusals, rollbacks and no-changes in a row"),
+                ("backoff_seconds", "the wait after the last round (doubles per setback)"),
+                ("not_before_seconds", "unix time before which no round starts"),
+                ("new_episodes", "served episodes since the last round's window"),
+                ("new_feedback", "of them, with feedback"),
+            )
+        }
+        for team, r in reports:
+            phase.add_metric([team, r.phase], 1)
+            for outcome, n in sorted(r.outcomes.items()):
+                rounds.add_metric([team, outcome], n)
+            if r.last_decision is not None:
+                last.add_metric([team, r.last_decision], 1)
+            for name, value in sorted(r.figures.items()):
+                figures.add_metric([team, name], value)
+            for name, value in (
+                ("attempt", r.attempt),
+                ("setbacks", r.setbacks),
+                ("backoff_seconds", r.backoff_s),
+                ("not_before_seconds", r.not_before_s),
+                ("new_episodes", r.new_episodes),
+                ("new_feedback", r.new_feedback),
+            ):
+                scalars[name].add_metric([team], value)
+        yield from (phase, rounds, last, figures, *scalars.values())
 
 
 class ServingMetrics:

@@ -1,47 +1,108 @@
-"""The promotion log: one JSON line per gate decision, canary start, promotion or rollback, appended and
-flushed to disk before the step it records is reported (never rewritten), so a team's history of
-versions, the data each came from, the figures and the decisions survive any crash.
+"""The promotion log: what a server promoted, loaded as candidates, rolled back and abandoned, and where every version
+came from, one JSON line per event in the run directory (`RUN/promotions.jsonl`), appended, flushed and
+fsynced before the change it records takes effect (never rewritten). The adapter registry writes it
+(serving/registry.py); a server started on the run reads it back (`replay`), so after any restart,
+kill -9 included, it serves the last promoted team with every version's state and lineage.
 
-`teamtr improve` (training/improve/loop.py) writes it; a line is a dict with at least `event`, `time`
-(ISO) and `time_ns`.
+Events (each with `event`, `time` (ISO) and `time_ns`):
+
+    registered  a version loaded for the first time: adapter, version, dir, base, lineage
+    started     a server started: `stacks` (adapter -> its promoted versions, top = serving)
+    pushed | rolled_back_role | promoted | promotion_rolled_back | restored
+                what serves changed: `stacks`, `current`, and the versions it concerns
+    loaded      a candidate (`staged` in older logs): `versions`, `incumbent`, `lineage`, `share`
+    candidate_rolled_back | abandoned
+                a candidate dropped (by its canary's decision, or otherwise): `versions`, `reason`
+
+Only the changes (`pushed` ... `restored`) decide what a restarted server serves: a log with `started`
+lines alone leaves the run's newest versions in charge. Its `teams` are the promoted teams (each a
+version per adapter) in order, which `teamtr adapters restore` returns to.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from teamtr.graphs.run_layout import append_record, read_records  # the run's JSONL event logs
 
-def append_record(path: str | Path, event: str, **fields: Any) -> dict[str, Any]:
-    now = time.time_ns()
-    record = {
-        "event": event,
-        "time": datetime.fromtimestamp(now / 1e9, UTC).isoformat(),
-        "time_ns": now,
-        **fields,
-    }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return record
+PROMOTION_LOG = "promotions.jsonl"
+CHANGES = ("pushed", "rolled_back_role", "promoted", "promotion_rolled_back", "restored")
+# a version's state, as `teamtr adapters list` shows it ("serving" and "candidate" are computed live)
+STATUS_OF_EVENT = {"candidate_rolled_back": "rolled_back", "abandoned": "abandoned"}
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line (a line cut short by a crash mid-write is skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+@dataclass
+class VersionRecord:
+    adapter: str
+    version: int
+    path: str
+    base: str
+    lineage: dict[str, Any] = field(default_factory=dict)
+    status: str = "promoted"  # promoted | candidate | rolled_back | abandoned
+
+
+@dataclass
+class History:
+    """A promotion log read back: every version, the promoted stacks, the promoted teams."""
+
+    versions: dict[str, dict[int, VersionRecord]] = field(default_factory=dict)
+    stacks: dict[str, list[int]] | None = None  # None: no change recorded, the run's newest serve
+    teams: list[dict[str, int]] = field(default_factory=list)
+    promotions: list[dict[str, int]] = field(default_factory=list)  # candidates promoted, not undone
+    pending: dict[str, int] | None = None  # a candidate loaded and never decided (the server died)
+
+    def version(self, adapter: str, version: int) -> VersionRecord | None:
+        return self.versions.get(adapter, {}).get(version)
+
+
+def _set_status(history: History, versions: dict[str, int], status: str) -> None:
+    for adapter, version in versions.items():
+        found = history.version(adapter, int(version))
+        if found is not None:
+            found.status = status
+
+
+def replay(records: list[dict[str, Any]]) -> History:
+    h = History()
+    for r in records:
+        event = r["event"]
+        if event == "registered":
+            v = VersionRecord(r["adapter"], int(r["version"]), r["dir"], r["base"], r.get("lineage") or {})
+            h.versions.setdefault(v.adapter, {})[v.version] = v
+        elif event in ("loaded", "staged"):  # "staged": logs written before the rename
+            h.pending = {a: int(v) for a, v in r["versions"].items()}
+            _set_status(h, h.pending, "candidate")
+        elif event in STATUS_OF_EVENT:
+            _set_status(h, r["versions"], STATUS_OF_EVENT[event])
+            h.pending = None
+        if "stacks" not in r:
             continue
-    return out
+        stacks = {a: [int(v) for v in vs] for a, vs in r["stacks"].items()}
+        if event in CHANGES:
+            h.stacks = stacks
+            _set_status(h, r.get("retired") or {}, "rolled_back")
+            _set_status(h, {a: vs[-1] for a, vs in stacks.items() if vs}, "promoted")
+        if event == "promoted":
+            h.pending = None
+            h.promotions.append({a: int(v) for a, v in r["versions"].items()})
+        elif event == "promotion_rolled_back" and h.promotions:
+            h.promotions.pop()
+        current = {a: vs[-1] for a, vs in stacks.items() if vs}
+        if event in ("started", "pushed", "promoted") and (not h.teams or h.teams[-1] != current):
+            h.teams.append(current)
+    return h
+
+
+class PromotionLog:
+    """The log of one server's registry (appends only)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        return append_record(self.path, event, **fields)
+
+    def history(self) -> History:
+        return replay(read_records(self.path))

@@ -270,11 +270,19 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+REWARD_BOUND = 1000.0  # |reward| of /v1/feedback; a server may declare a narrower range (reward_range)
+
+
 class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     conversation_id: str = Field(min_length=1, max_length=256)
-    reward: float = Field(allow_inf_nan=False, description="the episode's reward for training")
+    reward: float = Field(
+        ge=-REWARD_BOUND,
+        le=REWARD_BOUND,
+        allow_inf_nan=False,
+        description="the episode's reward for training (within the server's reward_range)",
+    )
     comment: str | None = Field(None, max_length=4096)
 
 
@@ -306,8 +314,10 @@ class AdapterVersionInfo(BaseModel):
     live: bool
     in_flight: int
     current: bool
-    candidate: bool = False  # staged under canary, never current (serving/canary.py)
+    candidate: bool = False  # loaded under canary, never current (serving/canary.py)
     lineage: dict[str, Any] = Field(default_factory=dict)  # run, data window, incumbent it came from
+    # serving | candidate | promoted (earlier) | rolled_back | abandoned (serving/registry.py `state`)
+    state: str = "promoted"
 
 
 class CandidateInfo(BaseModel):
@@ -324,6 +334,78 @@ class AdapterListResponse(BaseModel):
     roles: dict[str, list[AdapterVersionInfo]]
     current: dict[str, int]
     candidate: CandidateInfo | None = None
+    teams: list[dict[str, int]] = Field(default_factory=list)  # every promoted team, oldest first
+
+
+ReportKey = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class ImproveReport(BaseModel):
+    """What `teamtr improve --watch` is doing (`POST /admin/improve`), shown on /metrics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    team: str = Field(min_length=1, max_length=128)
+    phase: str = Field(min_length=1, max_length=64, description="waiting | backing_off | running")
+    rounds: int = Field(0, ge=0, description="rounds finished by this watch")
+    attempt: int = Field(0, ge=0, description="the improve attempt of the last or current round")
+    outcomes: dict[ReportKey, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, max_length=16, description="rounds by outcome"
+    )
+    last_decision: str | None = Field(None, max_length=64, description="promoted | refused | ...")
+    figures: dict[ReportKey, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict, max_length=64, description="the last decision's figures (finite)"
+    )
+    setbacks: int = Field(0, ge=0, description="refusals / rollbacks / no-changes in a row")
+    backoff_s: float = Field(0.0, ge=0, allow_inf_nan=False, description="the wait after the last round")
+    not_before_s: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="unix time before which no round starts"
+    )
+    new_episodes: int = Field(0, ge=0, description="served episodes since the last round's window")
+    new_feedback: int = Field(0, ge=0, description="... of them with feedback")
+
+    @field_validator(
+        "rounds",
+        "attempt",
+        "setbacks",
+        "new_episodes",
+        "new_feedback",
+        "backoff_s",
+        "not_before_s",
+        mode="before",
+    )
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        if isinstance(v, bool | str):  # JSON true/"3" would be 1/3 otherwise; integral floats are integers
+            raise ValueError("must be a JSON number")
+        return v
+
+    @field_validator("outcomes", "figures", mode="before")
+    @classmethod
+    def _numbers(cls, v: Any) -> Any:
+        if isinstance(v, dict) and any(isinstance(x, bool | str) for x in v.values()):
+            raise ValueError("values must be JSON numbers")
+        return v
+
+
+class CandidateAbandonRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rolled_back: bool = Field(False, description="its canary decided against it (listed as rolled back)")
+    reason: str | None = Field(None, max_length=2000)
+
+
+class TeamRestoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    team: int = Field(ge=0, description="index into the listing's promoted teams")
+
+    @field_validator("team", mode="before")
+    @classmethod
+    def _not_a_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # JSON true/false would be 1/0 otherwise
+            raise ValueError("team must be an integer, not a boolean")
+        return v
 
 
 class CandidateVersion(BaseModel):
@@ -333,7 +415,7 @@ class CandidateVersion(BaseModel):
     version: int | None = Field(None, ge=0)
 
 
-class CandidateStageRequest(BaseModel):
+class CandidateLoadRequest(BaseModel):
     """Stage a candidate team: a version of each adapter it changes, none of them current."""
 
     model_config = ConfigDict(extra="forbid")
@@ -350,7 +432,7 @@ class CanaryShareRequest(BaseModel):
 
 
 class CandidateDecision(BaseModel):
-    decision: Literal["promoted", "abandoned", "rolled_back"]
+    decision: Literal["promoted", "abandoned", "rolled_back", "restored"]
     versions: dict[str, int]
     current: dict[str, int]
 
@@ -367,10 +449,21 @@ class ServedEpisode(BaseModel):
     start_ns: int
     end_ns: int
     reward: float | None = None  # the conversation's latest feedback, if any
+    exploration: bool = False  # sampled at the training temperature (serving/exploration.py)
 
 
 class ServedEpisodesResponse(BaseModel):
     episodes: list[ServedEpisode]
+
+
+EXPLORATION_KEY = "exploration"  # an exploratory episode's trajectory metadata flag (serving/exploration.py)
+
+
+class FeedbackTrajectoriesResponse(BaseModel):
+    """Exploratory episodes with feedback, as graphs/trajectory.py Trajectory dicts (turns with token
+    ids and behaviour log-probs, the feedback as reward)."""
+
+    trajectories: list[dict[str, Any]]
 
 
 class HealthResponse(BaseModel):

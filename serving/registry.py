@@ -11,26 +11,26 @@ engine name, `<adapter>@v<version>`, so switching is one assignment and an episo
 `adder1@v4` keeps sampling from it while new episodes start on `adder1@v5`. A version that is neither
 current nor pinned by an in-flight episode is unloaded.
 
-A candidate team (serving/canary.py) is a set of versions staged beside the current ones, never current:
-`stage_candidate` validates and loads them, `set_canary_share` sends that share of new episodes to them
+A candidate team (serving/canary.py) is a set of versions loaded beside the current ones, never current:
+`load_candidate` validates and loads them, `set_canary_share` sends that share of new episodes to them
 (drawn once per episode, for every adapter it covers), `promote_candidate` makes all of them current in
 one assignment step, `abandon_candidate` drops them. Each version keeps its lineage (which run, data and
 incumbent it came from) for `teamtr adapters list`.
 
-Over ~400 lines because candidates share the slots, the admin lock and the pins of promoted versions.
+With a promotion log (serving/promotion_log.py, `RUN/promotions.jsonl`) every change is written and
+fsynced in the same event-loop step as the switch it records, before it, so the log never lags what
+served; `attach_log` replays it at start (the last promoted team serves again, every version keeps its
+state and lineage) and `restore_team` returns to any earlier promoted team in one step.
 
-Validation before a version goes live (a refused version never replaces the serving one):
-- safetensors only: a directory holding pickle-based weights (.bin, .pt, .pth, .pkl, .ckpt) is refused;
-- adapter_config.json is a LoRA config whose rank, target modules and base model match the role's
-  first version;
-- every tensor parses, is finite, and has exactly the names and shapes of the role's first version.
+Candidates live here, beside the current versions, because they share the slots, the admin lock and the
+pins of promoted versions.
+
+Validation before a version goes live: serving/adapter_checks.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,138 +38,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError, safe_open
-
 from teamtr.graphs.engine import DEFAULT_BASE, Engine
+from teamtr.graphs.run_layout import version_dirs, version_of
+from teamtr.serving.adapter_checks import (
+    AdapterError,
+    AdapterSignature,
+    UnknownAdapterError,
+    check_compatible,
+    engine_name,
+    inspect_adapter,
+)
 from teamtr.serving.canary import Candidate
-
-WEIGHTS_FILE = "adapter_model.safetensors"
-CONFIG_FILE = "adapter_config.json"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-_VERSION_DIR = re.compile(r"^v(\d+)$")
-
-
-class AdapterError(ValueError):
-    """An adapter was refused; the message says why. The serving version is unchanged."""
-
-
-class UnknownAdapterError(KeyError):
-    def __str__(self) -> str:  # KeyError quotes its message otherwise
-        return str(self.args[0])
-
-
-def engine_name(adapter: str, version: int) -> str:
-    return f"{adapter}@v{version}"
-
-
-def version_dirs(run_dir: str | Path, adapter: str) -> list[tuple[int, Path]]:
-    """(version, directory) of every saved version of `adapter` in a run directory, oldest first."""
-    root = Path(run_dir) / "adapters" / adapter
-    found = []
-    if root.is_dir():
-        for d in root.iterdir():
-            m = _VERSION_DIR.match(d.name)
-            if m and d.is_dir():
-                found.append((int(m.group(1)), d))
-    return sorted(found)
-
-
-def adapters_in_run(run_dir: str | Path) -> list[str]:
-    root = Path(run_dir) / "adapters"
-    return sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
-
-
-@dataclass(frozen=True)
-class AdapterSignature:
-    """What must stay the same across versions of one role's adapter."""
-
-    rank: int
-    target_modules: tuple[str, ...]
-    base_model: str
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
-
-
-def inspect_adapter(path: str | Path) -> AdapterSignature:
-    """Validate one peft LoRA directory on its own; raise AdapterError with the reason."""
-    d = Path(path)
-    if not d.is_dir():
-        raise AdapterError(f"{d}: not a directory")
-    pickled = sorted(p.name for p in d.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
-    if pickled:
-        raise AdapterError(
-            f"{d}: refusing pickle-based weight files {pickled}; save adapters with safetensors "
-            "(peft's save_pretrained(safe_serialization=True))"
-        )
-    cfg_path, weights = d / CONFIG_FILE, d / WEIGHTS_FILE
-    if not cfg_path.is_file():
-        raise AdapterError(f"{d}: missing {CONFIG_FILE}")
-    if not weights.is_file():
-        raise AdapterError(f"{d}: missing {WEIGHTS_FILE}")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise AdapterError(f"{cfg_path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
-        raise AdapterError(f"{cfg_path}: not a LoRA adapter config (peft_type must be 'LORA')")
-    rank = cfg.get("r")
-    if not isinstance(rank, int) or rank < 1:
-        raise AdapterError(f"{cfg_path}: rank r must be a positive integer, got {rank!r}")
-    targets = cfg.get("target_modules")
-    targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets or ()))
-    shapes: dict[str, tuple[int, ...]] = {}
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensor = f.get_tensor(key)
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise AdapterError(f"{weights}: tensor {key} has NaN or infinite values")
-                shapes[key] = tuple(tensor.shape)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise AdapterError(f"{weights}: cannot be read as safetensors ({e})") from None
-    if not shapes:
-        raise AdapterError(f"{weights}: holds no tensors")
-    for key, shape in shapes.items():
-        if "lora_A" in key and shape[0] != rank or "lora_B" in key and shape[-1] != rank:
-            raise AdapterError(f"{weights}: tensor {key} has shape {shape}, not rank {rank}")
-    return AdapterSignature(
-        rank=rank,
-        target_modules=targets,
-        base_model=str(cfg.get("base_model_name_or_path") or ""),
-        shapes=tuple(sorted(shapes.items())),
-    )
-
-
-def _same_base(a: str, b: str) -> bool:
-    """Base model names match when equal, or when both are paths to the same directory name."""
-    if not a or not b or a == b:
-        return True
-    return Path(a).name == Path(b).name
-
-
-def check_compatible(reference: AdapterSignature, new: AdapterSignature, where: str) -> None:
-    if new.rank != reference.rank:
-        raise AdapterError(f"{where}: rank {new.rank} does not match the serving rank {reference.rank}")
-    if new.target_modules != reference.target_modules:
-        raise AdapterError(
-            f"{where}: target modules {list(new.target_modules)} do not match "
-            f"{list(reference.target_modules)}"
-        )
-    if not _same_base(reference.base_model, new.base_model):
-        raise AdapterError(
-            f"{where}: trained on base model {new.base_model!r}, but this role serves on "
-            f"{reference.base_model!r}"
-        )
-    ref_shapes, new_shapes = dict(reference.shapes), dict(new.shapes)
-    if ref_shapes.keys() != new_shapes.keys():
-        missing = sorted(ref_shapes.keys() - new_shapes.keys())[:3]
-        extra = sorted(new_shapes.keys() - ref_shapes.keys())[:3]
-        raise AdapterError(f"{where}: tensor names differ (missing {missing}, unexpected {extra})")
-    for key, shape in ref_shapes.items():
-        if new_shapes[key] != shape:
-            raise AdapterError(
-                f"{where}: tensor {key} has shape {new_shapes[key]}, the base model needs {shape}"
-            )
+from teamtr.serving.promotion_log import History, PromotionLog
 
 
 @dataclass
@@ -181,6 +61,7 @@ class AdapterVersion:
     live: bool = True  # loaded in the engine
     in_flight: int = 0  # episodes pinned to this version
     lineage: dict[str, Any] = field(default_factory=dict)  # run, data window, incumbent it came from
+    status: str = "promoted"  # promoted | candidate | rolled_back | abandoned (current: serving)
 
     @property
     def engine_name(self) -> str:
@@ -211,8 +92,9 @@ class AdapterRegistry:
     started with until it ends.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, log: PromotionLog | None = None) -> None:
         self.engine = engine
+        self.log = log  # None: changes live in memory only (attach_log to make them durable)
         self._slots: dict[str, _Slot] = {}
         self._admin = asyncio.Lock()  # one promotion / rollback at a time
         # per adapter, for /metrics (serving/metrics.py): versions promoted over a live one, pushes
@@ -220,8 +102,11 @@ class AdapterRegistry:
         self.swaps: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.rollbacks: Counter[str] = Counter()
-        self.candidate: Candidate | None = None  # a staged candidate team (serving/canary.py)
-        self.promotions: list[dict[str, int]] = []  # candidate teams promoted, oldest first
+        self.decisions: Counter[str] = Counter()  # on candidates: promoted | rolled_back | abandoned | ...
+        self.candidate: Candidate | None = None  # a loaded candidate team (serving/canary.py)
+        self.improve_reports: dict[str, Any] = {}  # team -> the last ImproveReport a `--watch` sent
+        self.promotions: list[dict[str, int]] = []  # candidate teams promoted (not undone), oldest first
+        self.teams: list[dict[str, int]] = []  # every promoted team (adapter -> version), oldest first
 
     # --- reading -------------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -235,6 +120,12 @@ class AdapterRegistry:
 
     def versions(self, adapter: str) -> list[AdapterVersion]:
         return [v for _, v in sorted(self._slot(adapter).versions.items())]
+
+    def state(self, v: AdapterVersion) -> str:
+        """serving | candidate | promoted (earlier) | rolled_back | abandoned."""
+        if self._slots[v.adapter].promoted and self.current(v.adapter).version == v.version:
+            return "serving"
+        return "candidate" if self.is_candidate(v.adapter, v.version) else v.status
 
     def is_candidate(self, adapter: str, version: int) -> bool:
         return self.candidate is not None and self.candidate.versions.get(adapter) == version
@@ -279,6 +170,7 @@ class AdapterRegistry:
             await self.engine.load_adapter(entry.engine_name, str(path), base=base)
         except Exception as e:  # the engine refused it: nothing changes
             raise AdapterError(f"{path}: the engine could not load it ({type(e).__name__}: {e})") from e
+        self._register(entry)
         return entry, signature
 
     async def _push(
@@ -295,7 +187,9 @@ class AdapterRegistry:
                 slot = self._slots[adapter] = _Slot(signature=signature)
             previous = slot.current if slot.promoted else None
             slot.versions[entry.version] = entry
+            self._record_change("pushed", {adapter: entry.version}, adapter=adapter, version=entry.version)
             slot.promoted.append(entry.version)  # the switch: new episodes pin this version from now on
+            self._note_team()
             if previous is not None:
                 self.swaps[adapter] += 1
                 await self._unload_if_idle(previous)
@@ -322,13 +216,15 @@ class AdapterRegistry:
             if not previous.live:
                 await self.engine.load_adapter(previous.engine_name, str(previous.path), base=previous.base)
                 previous.live = True
+            self._record_change("rolled_back_role", {}, pop=[adapter], retired={adapter: retired.version})
+            retired.status = "rolled_back"
             slot.promoted.pop()  # the switch back
             self.rollbacks[adapter] += 1
             await self._unload_if_idle(retired)
             return previous
 
     # --- candidates and canary ------------------------------------------------------------------
-    async def stage_candidate(
+    async def load_candidate(
         self, versions: dict[str, tuple[str | Path, int | None]], lineage: dict[str, Any] | None = None
     ) -> Candidate:
         """Validate and load a candidate version of each adapter in `versions` (adapter -> (path,
@@ -336,17 +232,18 @@ class AdapterRegistry:
         nothing: one refused version unloads the others."""
         async with self._admin:
             if self.candidate is not None:
-                raise AdapterError("a candidate is staged already; promote or abandon it first")
+                raise AdapterError("a candidate is loaded already; promote or abandon it first")
             if not versions:
                 raise AdapterError("a candidate needs at least one adapter version")
             loaded: list[AdapterVersion] = []
             try:
                 for adapter, (path, version) in sorted(versions.items()):
                     slot = self._slot(adapter)
+                    own = {**(lineage or {}), "incumbent": slot.current.version}
                     entry, _ = await self._load(
-                        adapter, Path(path).resolve(), version, slot.current.base, dict(lineage or {})
+                        adapter, Path(path).resolve(), version, slot.current.base, own
                     )
-                    entry.lineage["incumbent"] = slot.current.version
+                    entry.status = "candidate"
                     slot.versions[entry.version] = entry
                     loaded.append(entry)
             except (AdapterError, UnknownAdapterError):
@@ -360,13 +257,19 @@ class AdapterRegistry:
                 incumbent={v.adapter: self._slots[v.adapter].current.version for v in loaded},
                 lineage=dict(lineage or {}),
             )
+            self._record(
+                "loaded",
+                versions=self.candidate.versions,
+                incumbent=self.candidate.incumbent,
+                lineage=self.candidate.lineage,
+            )
             return self.candidate
 
     def set_canary_share(self, share: float) -> Candidate:
         """The share of new episodes that pin the candidate (each episode drawn once, for all its
         adapters); 0 stops sending episodes to it."""
         if self.candidate is None:
-            raise AdapterError("no candidate is staged")
+            raise AdapterError("no candidate is loaded")
         try:
             self.candidate.set_share(share)
         except ValueError as e:
@@ -379,10 +282,14 @@ class AdapterRegistry:
         async with self._admin:
             candidate = self._require_candidate()
             previous = [self._slots[a].current for a in candidate.versions]
+            self._record_change("promoted", candidate.versions, versions=candidate.versions)
             for adapter, version in candidate.versions.items():  # the switch: one event-loop step
                 self._slots[adapter].promoted.append(version)
+                self._slots[adapter].versions[version].status = "promoted"
             self.candidate = None
+            self.decisions["promoted"] += 1
             self.promotions.append(dict(candidate.versions))
+            self._note_team()
             for adapter in candidate.versions:
                 self.swaps[adapter] += 1
             for v in previous:
@@ -397,7 +304,7 @@ class AdapterRegistry:
                 raise AdapterError("no promoted candidate to roll back")
             last = self.promotions[-1]
             if self.candidate is not None:
-                raise AdapterError("a candidate is staged; promote or abandon it first")
+                raise AdapterError("a candidate is loaded; promote or abandon it first")
             moved = [a for a, v in last.items() if self._slots[a].current.version != v]
             if moved:
                 raise AdapterError(f"adapters {moved} changed since the promotion; roll them back one by one")
@@ -407,30 +314,164 @@ class AdapterRegistry:
                     await self.engine.load_adapter(v.engine_name, str(v.path), base=v.base)
                     v.live = True
             retired = [self._slots[a].current for a in last]
+            self._record_change("promotion_rolled_back", {}, pop=list(last), retired=last)
             for adapter in last:  # the switch back: one event-loop step
                 self._slots[adapter].promoted.pop()
+                self._slots[adapter].versions[last[adapter]].status = "rolled_back"
             self.promotions.pop()
+            self.decisions["promotion_rolled_back"] += 1
             for adapter in last:
                 self.rollbacks[adapter] += 1
             for v in retired:
                 await self._unload_if_idle(v)
             return {a: v.version for a, v in previous.items()}
 
-    async def abandon_candidate(self) -> dict[str, int]:
+    async def abandon_candidate(self, rolled_back: bool = False, reason: str | None = None) -> dict[str, int]:
         """Drop the candidate: new episodes pin the incumbent only; its versions unload once the canary
-        episodes that pinned them end. Returns the versions dropped."""
+        episodes that pinned them end. `rolled_back`: its canary decided against it (listed as rolled
+        back, not abandoned). Returns the versions dropped."""
         async with self._admin:
             candidate = self._require_candidate()
+            event = "candidate_rolled_back" if rolled_back else "abandoned"
+            self._record(event, versions=candidate.versions, reason=reason)
+            self.decisions["rolled_back" if rolled_back else "abandoned"] += 1
             self.candidate = None
             for adapter, version in candidate.versions.items():
                 entry = self._slots[adapter].versions[version]
+                entry.status = "rolled_back" if rolled_back else "abandoned"
                 self.rollbacks[adapter] += 1
                 await self._unload_if_idle(entry)
             return dict(candidate.versions)
 
+    async def restore_team(self, index: int) -> dict[str, int]:
+        """Serve the promoted team `self.teams[index]` again, every adapter in one step (versions reloaded
+        first where unloaded); the versions it replaces are listed as rolled back."""
+        async with self._admin:
+            if self.candidate is not None:
+                raise AdapterError("a candidate is loaded; promote or abandon it first")
+            if not 0 <= index < len(self.teams):
+                raise AdapterError(
+                    f"no promoted team {index}; there are {len(self.teams)} (0..{len(self.teams) - 1})"
+                )
+            team = {a: v for a, v in self.teams[index].items() if a in self._slots}
+            changes = {a: v for a, v in team.items() if self._slots[a].current.version != v}
+            for adapter, version in changes.items():  # load first: the switch below must not await
+                entry = self._slots[adapter].versions.get(version)
+                if entry is None:
+                    raise AdapterError(f"adapter {adapter!r}: version {version} is not known to this server")
+                await self._make_live(entry)
+            retired = {a: self._slots[a].current.version for a in changes}
+            self._record_change("restored", changes, team=index, retired=retired)
+            self.decisions["restored"] += 1
+            for adapter, version in changes.items():  # the switch: one event-loop step
+                slot = self._slots[adapter]
+                slot.current.status = "rolled_back"
+                slot.promoted.append(version)
+                slot.versions[version].status = "promoted"
+                self.rollbacks[adapter] += 1
+            for adapter, version in retired.items():
+                await self._unload_if_idle(self._slots[adapter].versions[version])
+            return self.current_versions()
+
+    # --- the promotion log --------------------------------------------------------------------
+    async def attach_log(self, log: PromotionLog) -> History:
+        """Replay the log over the versions registered so far (the run's newest), then record from now
+        on: every logged version is known again with its state and lineage, the last promoted team serves
+        (its versions validated and loaded first), a candidate the server died with is abandoned."""
+        history = log.history()
+        for adapter, records in history.versions.items():
+            slot = self._slots.get(adapter)
+            if slot is None:  # an adapter this server no longer serves
+                continue
+            for version, rec in records.items():
+                entry = slot.versions.get(version)
+                if entry is None:
+                    entry = slot.versions[version] = AdapterVersion(
+                        adapter, version, Path(rec.path), rec.base, live=False, lineage=rec.lineage
+                    )
+                entry.lineage, entry.status = rec.lineage or entry.lineage, rec.status
+        self.log = log
+        for slot in self._slots.values():  # the run's versions, so a later start knows them
+            for entry in slot.versions.values():
+                if history.version(entry.adapter, entry.version) is None:
+                    self._register(entry)
+        for adapter, stack in (history.stacks or {}).items():
+            slot = self._slots.get(adapter)
+            stack = [v for v in stack if slot is not None and v in slot.versions]
+            if slot is None or not stack or stack == slot.promoted:
+                continue
+            top = slot.versions[stack[-1]]
+            try:
+                check_compatible(
+                    slot.signature, await asyncio.to_thread(inspect_adapter, top.path), str(top.path)
+                )
+            except AdapterError as e:
+                raise AdapterError(
+                    f"{log.path}: the last promoted {adapter} v{top.version} cannot serve: {e}"
+                ) from None
+            await self._make_live(top)
+            previous = slot.current
+            slot.promoted = stack
+            await self._unload_if_idle(previous)
+        self.promotions, self.teams = list(history.promotions), list(history.teams)
+        if history.pending:
+            await self._forget_pending(history.pending)
+        self._record("started", stacks=self._stacks(), current=self.current_versions())
+        self._note_team()
+        return history
+
+    async def _forget_pending(self, versions: dict[str, int]) -> None:
+        self._record("abandoned", versions=versions, reason="the server restarted during its canary")
+        for adapter, version in versions.items():
+            slot = self._slots.get(adapter)
+            if slot is not None and version in slot.versions:
+                slot.versions[version].status = "abandoned"
+
+    def _stacks(
+        self, append: dict[str, int] | None = None, pop: list[str] | None = None
+    ) -> dict[str, list[int]]:
+        stacks = {a: list(s.promoted) for a, s in self._slots.items()}
+        for adapter, version in (append or {}).items():
+            stacks.setdefault(adapter, []).append(version)
+        for adapter in pop or []:
+            stacks[adapter].pop()
+        return stacks
+
+    def _record(self, event: str, **fields: Any) -> None:
+        """Append to the promotion log (synchronously: no episode can start between it and the switch)."""
+        if self.log is not None:
+            self.log.append(event, **fields)
+
+    def _record_change(
+        self, event: str, append: dict[str, int], pop: list[str] | None = None, **fields: Any
+    ) -> None:
+        stacks = self._stacks(append, pop)
+        current = {a: vs[-1] for a, vs in stacks.items() if vs}
+        self._record(event, stacks=stacks, current=current, **fields)
+
+    def _register(self, entry: AdapterVersion) -> None:
+        self._record(
+            "registered",
+            adapter=entry.adapter,
+            version=entry.version,
+            dir=str(entry.path),
+            base=entry.base,
+            lineage=entry.lineage,
+        )
+
+    def _note_team(self) -> None:
+        current = self.current_versions()
+        if not self.teams or self.teams[-1] != current:
+            self.teams.append(current)
+
+    async def _make_live(self, entry: AdapterVersion) -> None:
+        if not entry.live:
+            await self.engine.load_adapter(entry.engine_name, str(entry.path), base=entry.base)
+            entry.live = True
+
     def _require_candidate(self) -> Candidate:
         if self.candidate is None:
-            raise AdapterError("no candidate is staged")
+            raise AdapterError("no candidate is loaded")
         return self.candidate
 
     async def _drop(self, entry: AdapterVersion) -> None:
@@ -443,8 +484,8 @@ class AdapterRegistry:
     def _choose_version(self, slot: _Slot | None, path: Path, version: int | None) -> int:
         known = set(slot.versions) if slot else set()
         if version is None:
-            m = _VERSION_DIR.match(path.name)
-            version = int(m.group(1)) if m else max(known, default=0) + 1
+            version = version_of(path)
+            version = max(known, default=0) + 1 if version is None else version
         if version in known:
             raise AdapterError(f"version {version} is already registered; push a new version or roll back")
         return version

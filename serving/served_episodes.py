@@ -12,17 +12,22 @@ import json
 import sqlite3
 from pathlib import Path
 
+from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.protocol import ServedEpisode
+from teamtr.serving.trace_store import StoredSpan, read_spans
 from teamtr.serving.tracing import (
     ADAPTER_VERSIONS,
     AGENT_NAME,
     CONVERSATION_ID,
+    EXPLORATION,
     FINAL_ANSWER,
     OP_AGENT,
     OP_FEEDBACK,
+    OPERATION,
     REWARD,
     TASK_ID,
     TASK_TEXT,
+    trajectories_from_spans,
 )
 
 
@@ -30,6 +35,8 @@ def served_episodes(
     store: str | Path, *, team: str | None = None, since_ns: int = 0, limit: int | None = None
 ) -> list[ServedEpisode]:
     """Finished episodes that started at or after `since_ns`, oldest first (the newest `limit` of them)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
     if not Path(store).is_file():
         return []
     db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
@@ -64,6 +71,34 @@ def served_episodes(
                 start_ns=int(start_ns),
                 end_ns=int(end_ns),
                 reward=rewards.get(conversation),
+                exploration=bool(a.get(EXPLORATION, False)),
             )
         )
-    return out[-limit:] if limit else out
+    return out[-limit:] if limit is not None else out
+
+
+def feedback_trajectories(
+    store: str | Path, *, team: str | None = None, since_ns: int = 0, limit: int | None = None
+) -> list[Trajectory]:
+    """The exploratory episodes (`teamtr.exploration`) that got feedback, as trajectories with their
+    turns' token ids and behaviour log-probs, rewarded by that feedback and grouped by prompt (what
+    `teamtr improve` trains on without a verifier: training/improve/feedback.py); oldest first, the newest
+    `limit` of them. A turn span without token ids (served with capture_tokens off) is an error
+    (serving/tracing.py MissingTokensError)."""
+    if not Path(store).is_file():
+        return []
+
+    def wanted(span: StoredSpan) -> bool:
+        a = span.attributes
+        if a.get(OPERATION) != OP_AGENT:
+            return True  # turn and feedback spans: trajectories_from_spans pairs them with episodes
+        return (
+            span.start_ns >= since_ns
+            and bool(a.get(EXPLORATION, False))
+            and (team is None or a.get(AGENT_NAME) == team)
+        )
+
+    found = trajectories_from_spans(
+        (s for s in read_spans(store) if wanted(s)), require_reward=True, group_by_prompt=True
+    )
+    return found[-limit:] if limit is not None else found

@@ -3,7 +3,7 @@ record its episodes, and build the OpenAI-shaped response or stream of chunks (t
 serving/app.py stay thin over it).
 
 The user's last message is the task; earlier messages of the request are context, folded into the task
-text as `<role>: <content>` lines (a Team sees one task string); a user graph (training/user_graph.py)
+text as `<role>: <content>` lines (a Team sees one task string); a user graph (graphs/user_graph.py)
 whose input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Every
 request runs on a thread, its conversation id (the one it names, else its completion id): the graph
 continues the thread's checkpointed state (serving/conversations.py, docs/serving.md "Threads"), and
@@ -14,8 +14,9 @@ apply to every role under the team's pins (serving/sampling.py); `n` runs n epis
 client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
 place in the team's queue are released.
 
-Over ~400 lines because validation, the unstreamed response and the token stream share one `Completion`
-and its admission and deadline; which streamed tokens are the answer lives in serving/token_stream.py.
+Validation, the unstreamed response and the token stream share one `Completion` and its admission and
+deadline; which streamed tokens are the answer lives in serving/token_stream.py, what the messages
+become (task text, digests, LangChain messages, usage) in serving/chat_messages.py.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from teamtr.graphs.capture import describe_error
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team, derive_seed
-from teamtr.graphs.trajectory import Trajectory
+from teamtr.serving.chat_messages import chat_messages, digests, known_in_thread, task_text, usage_of
 from teamtr.serving.conversations import Conversations, message_digest
-from teamtr.serving.episodes import EpisodeResult, EpisodeRunner, ServedTeam, turn_info
-from teamtr.serving.errors import APIError
+from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
+from teamtr.serving.errors import APIError, log
+from teamtr.serving.exploration import ExplorationDraw
 from teamtr.serving.limits import AdmissionGate, RateLimiter
 from teamtr.serving.metrics import ServingMetrics
 from teamtr.serving.protocol import (
@@ -57,7 +59,6 @@ from teamtr.serving.protocol import (
     TeamInfo,
     TokenPiece,
     TurnInfo,
-    Usage,
     error_body,
 )
 from teamtr.serving.registry import AdapterRegistry
@@ -70,45 +71,6 @@ CONVERSATION_HEADER = "X-Conversation-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
 T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[None]]  # returns when the client has gone away
-
-
-def task_text(messages: list[ChatMessage]) -> str:
-    """The user's last message, after the earlier messages folded in as `<role>: <content>` lines."""
-    *context, last = messages
-    lines = [f"{m.name or m.role}: {m.text()}" for m in context if m.text().strip()]
-    return "\n".join([*lines, last.text()])
-
-
-_MESSAGE_TYPES = {"system": SystemMessage, "developer": SystemMessage, "assistant": AIMessage}
-
-
-def digests(messages: list[ChatMessage]) -> list[str]:
-    return [message_digest(m.role, m.name, m.text()) for m in messages]
-
-
-def new_in_thread(messages: list[ChatMessage], seen: list[str]) -> list[ChatMessage]:
-    """The messages new to a thread whose client has seen the messages with digests `seen`: a client that
-    resends the whole conversation (its messages start with the seen ones) sends only what follows."""
-    if seen and len(messages) > len(seen) and digests(messages[: len(seen)]) == seen:
-        return messages[len(seen) :]
-    return messages
-
-
-def chat_messages(messages: list[ChatMessage]) -> list[BaseMessage]:
-    """Chat messages as LangChain messages: a user graph's MessagesState input (tool results become
-    human messages carrying the tool's name)."""
-    return [
-        _MESSAGE_TYPES.get(m.role, HumanMessage)(m.text(), **({"name": m.name} if m.name else {}))
-        for m in messages
-    ]
-
-
-def usage_of(*trajectories: Trajectory) -> Usage:
-    """Token usage summed over all the turns of the episodes."""
-    turns = [t for trajectory in trajectories for t in trajectory.turns]
-    prompt = sum(len(t.prompt_ids) for t in turns)
-    completion = sum(len(t.completion_ids) for t in turns)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def deadline_error(timeout_s: float) -> APIError:
@@ -133,10 +95,13 @@ class Completion:
     conversation_id: str
     graph: Team | None = None  # the team variant sampling as asked (None: the team as served)
     sampling: dict[str, SamplingParams] = field(default_factory=dict)
+    asked: dict[str, Any] = field(default_factory=dict)  # the sampling fields the request set
     n: int = 1
     timeout_s: float = 600.0
     arrived: float = field(default_factory=time.monotonic)
     new_messages: list[ChatMessage] = field(default_factory=list)  # what this request adds to its thread
+    known: int = 0  # how many of the request's messages the thread had (the seen digests after them go)
+    owner: str | None = None  # the caller's key digest (serving/auth.py key_owner); None: an open API
 
     def remaining(self) -> float:
         return self.timeout_s - (time.monotonic() - self.arrived)
@@ -149,7 +114,7 @@ class ChatCompletionService:
         registry: AdapterRegistry,
         tracer: TeamTracer | None,
         settings: ServeSettings,
-        runner: EpisodeRunner,
+        runner: ServedEpisodeRunner,
         conversations: Conversations,
     ) -> None:
         self.teams, self.registry, self.tracer, self.settings = teams, registry, tracer, settings
@@ -160,6 +125,10 @@ class ChatCompletionService:
         }
         self.variants = {
             name: TeamVariants(t.team, settings.policy(name).pinned) for name, t in teams.items()
+        }
+        self.exploration = {
+            name: ExplorationDraw(p.exploration_share, p.exploration_temperature, p.exploration_seed)
+            for name, p in ((name, settings.policy(name)) for name in teams)
         }
         self.rate = (
             RateLimiter(settings.rate_limit_rpm, settings.rate_limit_burst)
@@ -180,8 +149,10 @@ class ChatCompletionService:
         request: ChatCompletionRequest,
         conversation_header: str | None,
         timeout_header: str | None = None,
+        owner: str | None = None,
     ) -> Completion:
-        """Check the request against the served teams and the server's limits (APIError if it fails)."""
+        """Check the request against the served teams and the server's limits (APIError if it fails);
+        `owner`: whose conversations it may continue."""
         team = self.teams.get(request.model)
         if team is None:
             raise APIError(
@@ -219,9 +190,11 @@ class ChatCompletionService:
         asked = request_overrides(request)
         refuse_fully_pinned(team.team, variants.pinned, asked)
         given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
-        new_messages = request.messages
+        known = 0
         if given:  # a thread: its state holds what came before (an unknown id starts a new thread)
-            new_messages = new_in_thread(request.messages, self.conversations.seen(given[:256]))
+            self._check_owner(given[:256], owner)
+            known = known_in_thread(request.messages, self.conversations.seen(given[:256]))
+        new_messages = request.messages[known:]
         task = task_text(new_messages)
         tokenizer = self.registry.engine.tokenizer(team.team.roles[0].base_model)
         n_tokens = len(tokenizer(task, add_special_tokens=False)["input_ids"])
@@ -243,10 +216,30 @@ class ChatCompletionService:
             conversation_id,
             graph=variants.team_for(asked),
             sampling=variants.sampling_of(asked),
+            asked=asked,
             n=n,
             timeout_s=timeout_s,
             new_messages=new_messages,
+            known=known,
+            owner=owner,
         )
+
+    def _check_owner(self, conversation_id: str, owner: str | None, must_exist: bool = False) -> None:
+        """404, as for an unknown id, when the conversation is another key's (or unknown, if it
+        `must_exist`: feedback; a chat request with an unknown id starts that thread)."""
+        try:
+            theirs = self.conversations.owner(conversation_id)
+        except KeyError:
+            if not must_exist:
+                return
+            theirs = None if owner else ""  # differs from any owner
+        if theirs != owner:
+            raise APIError(
+                404,
+                f"unknown conversation id {conversation_id!r}",
+                param="conversation_id",
+                code="conversation_not_found",
+            )
 
     def _timeout(self, field_value: float | None, header: str | None) -> float:
         limit = self.settings.request_timeout_s
@@ -299,6 +292,7 @@ class ChatCompletionService:
 
     async def _run_all(self, c: Completion) -> list[EpisodeResult]:
         async with self.conversations.thread_lock(c.conversation_id):
+            self._check_owner(c.conversation_id, c.owner)  # a request of another key may have created it
             # choice 0 continues the thread; the others see it from a copy and add nothing to it
             savers = [await self.conversations.saver()]
             savers += [await self.conversations.fork(c.conversation_id) for _ in range(1, c.n)]
@@ -313,6 +307,7 @@ class ChatCompletionService:
         on_token: Callable[[int, str, str], None],
     ) -> EpisodeResult:
         async with self.conversations.thread_lock(c.conversation_id):
+            self._check_owner(c.conversation_id, c.owner)
             return await self._run(c, 0, await self.conversations.saver(), on_turn, on_token)
 
     def _response(self, c: Completion, results: list[EpisodeResult]) -> ChatCompletionResponse:
@@ -369,7 +364,9 @@ class ChatCompletionService:
             nonlocal first_content
             if first_content:
                 first_content = False
-                self.metrics.first_content_seconds.labels(c.request.model).observe(time.monotonic() - c.arrived)
+                self.metrics.first_content_seconds.labels(c.request.model).observe(
+                    time.monotonic() - c.arrived
+                )
             return chunk(choices=[ChunkChoice(delta=Delta(content=text))])
 
         def on_token(index: int, role: str, text: str) -> None:
@@ -405,7 +402,8 @@ class ChatCompletionService:
             if isinstance(e, APIError):
                 body = error_body(e.message, e.type, e.param, e.code)
             else:
-                body = error_body(f"{type(e).__name__}: {e}", "server_error")
+                log.error("stream of %s failed: %s", c.completion_id, describe_error(e), exc_info=e)
+                body = error_body(f"internal error: {describe_error(e)}", "server_error")
             yield f"data: {json.dumps(body)}\n\n"
             yield "data: [DONE]\n\n"
             return
@@ -436,6 +434,12 @@ class ChatCompletionService:
         if seed is not None and index > 0:  # choice 0 is the n = 1 answer; the others differ from it
             seed = derive_seed(seed, index)
         team = c.request.model
+        graph, explore = c.graph, self._explores(c)
+        if explore:  # this episode samples at the training temperature (serving/exploration.py)
+            asked = {**c.asked, **self.exploration[team].overrides()}
+            graph = self.variants[team].team_for(asked)
+            if index == 0:  # the response's `sampling` says what choice 0 sampled with
+                c.sampling = self.variants[team].sampling_of(asked)
         result = await self.runner.run(
             team,
             c.team,
@@ -444,18 +448,26 @@ class ChatCompletionService:
             completion_id=c.completion_id,
             conversation_id=c.conversation_id,
             on_turn=on_turn,
-            graph=c.graph,
+            graph=graph,
+            exploration=explore,
             observe_turn=self.metrics.turn_observer(team),
             messages=chat_messages(c.new_messages),
             on_token=on_token,
             checkpointer=checkpointer,
+            owner=c.owner,
         )
-        if index == 0:  # the thread continues from choice 0's answer
+        if index == 0:  # the thread continues from choice 0's answer; committed before it is answered
             answer = message_digest("assistant", None, result.trajectory.final_answer or "")
-            self.conversations.add_seen(c.conversation_id, [*digests(c.new_messages), answer])
+            await self.conversations.add_seen(c.conversation_id, [*digests(c.new_messages), answer], c.known)
         self.metrics.episode_seconds.labels(team).observe(result.seconds)
         self.gates[team].observe_episode(result.seconds)
         return result
+
+    def _explores(self, c: Completion) -> bool:
+        """The episode's draw; a request that chose its own temperature or top_p is never explored."""
+        if "temperature" in c.asked or "top_p" in c.asked:
+            return False
+        return self.exploration[c.request.model].draw()
 
     # ---- the other chat-API endpoints -------------------------------------------------------------
 
@@ -467,13 +479,16 @@ class ChatCompletionService:
             raise APIError(404, f"the model {name!r} does not exist", param="model", code="model_not_found")
         return ModelCard(id=name, roles=[r.name for r in self.teams[name].team.roles])
 
-    def feedback(self, body: FeedbackRequest) -> FeedbackResponse:
-        if body.conversation_id not in self.conversations:
+    def feedback(self, body: FeedbackRequest, owner: str | None = None) -> FeedbackResponse:
+        """A reward from the conversation's owner, within the server's declared reward range."""
+        self._check_owner(body.conversation_id, owner, must_exist=True)
+        low, high = self.settings.reward_range
+        if not low <= body.reward <= high:
             raise APIError(
-                404,
-                f"unknown conversation id {body.conversation_id!r}",
-                param="conversation_id",
-                code="conversation_not_found",
+                400,
+                f"reward {body.reward:g} is outside this server's reward range [{low:g}, {high:g}]",
+                param="reward",
+                code="reward_out_of_range",
             )
         if self.tracer is None:
             raise APIError(

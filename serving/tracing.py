@@ -8,12 +8,13 @@ behaviour log-probs under `teamtr.turn.*`, which is what `trajectories_from_span
 exact `Trajectory` a rollout records. `POST /v1/feedback` adds a `feedback` span with the reward.
 
 Exporters: a local SQLite span store (on by default) and OTLP/HTTP (endpoint configurable), e.g. an
-Arize Phoenix server, whose UI then shows every agent turn.
+Arize Phoenix server, whose UI then shows every agent turn. The store is written as each span ends
+(`SimpleSpanProcessor`), so an episode's spans are committed before its answer is sent and a killed
+server loses none of what it answered (docs/serving.md "Durability" has the cost); OTLP goes in batches.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -25,10 +26,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from teamtr.graphs.trajectory import Trajectory, Turn
+from teamtr.graphs.capture import describe_error
+from teamtr.graphs.trajectory import Trajectory, Turn, prompt_group
+from teamtr.serving.exploration import EXPLORATION_KEY
 from teamtr.serving.trace_store import SQLiteSpanExporter, StoredSpan, read_spans
 
 # GenAI semantic conventions (opentelemetry.io/docs/specs/semconv/gen-ai/)
@@ -59,9 +62,14 @@ TURN_COMPLETION_IDS = "teamtr.turn.completion_ids"
 TURN_LOGPROBS = "teamtr.turn.logprobs"
 TURN_TEMPERATURE = "teamtr.turn.temperature"  # what the log-probs are (graphs/trajectory.py Turn)
 TURN_TOP_P = "teamtr.turn.top_p"
+TURN_NODE = "teamtr.turn.node"  # the LangGraph node that made the call ("outer/inner" in a subgraph)
+TURN_STEP = "teamtr.turn.step"  # ... and its superstep
 TURN_TOOL_CALLS = "teamtr.turn.tool_calls"  # JSON lists, as graphs/trajectory.py Turn keeps them
 TURN_INVALID_TOOL_CALLS = "teamtr.turn.invalid_tool_calls"
+EXCEPTION_TYPE = "exception.type"  # OpenTelemetry's exception attributes, on a failed episode span
+EXCEPTION_MESSAGE = "exception.message"
 REWARD = "teamtr.reward"
+EXPLORATION = "teamtr.exploration"  # true on an episode sampled at the training temperature (exploration.py)
 FEEDBACK_COMMENT = "teamtr.feedback.comment"
 
 OP_AGENT, OP_CHAT, OP_FEEDBACK = "invoke_agent", "chat", "feedback"
@@ -82,7 +90,7 @@ def build_tracer_provider(config: TracingConfig) -> TracerProvider:
     """A provider of its own (not the process-global one), so several servers / tests can coexist."""
     provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
     if config.sqlite_path is not None:
-        provider.add_span_processor(BatchSpanProcessor(SQLiteSpanExporter(config.sqlite_path)))
+        provider.add_span_processor(SimpleSpanProcessor(SQLiteSpanExporter(config.sqlite_path)))
     if config.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -119,7 +127,11 @@ class TeamTracer:
             record_exception=True,
             set_status_on_exception=True,
         ) as span:
-            yield span
+            try:
+                yield span
+            except Exception as e:  # on the span itself too: the SQLite store keeps attributes, not events
+                span.set_attributes({EXCEPTION_TYPE: type(e).__name__, EXCEPTION_MESSAGE: describe_error(e)})
+                raise
 
     def record_turn(
         self,
@@ -151,6 +163,10 @@ class TeamTracer:
         }
         if finish_reason:
             attributes[FINISH_REASONS] = (finish_reason,)
+        if turn.node is not None:  # OpenTelemetry attributes cannot be None
+            attributes[TURN_NODE] = turn.node
+        if turn.step is not None:
+            attributes[TURN_STEP] = int(turn.step)
         if turn.tool_calls:
             attributes[TURN_TOOL_CALLS] = json.dumps(turn.tool_calls)
         if turn.invalid_tool_calls:
@@ -184,6 +200,7 @@ class TeamTracer:
         }
         if trajectory.final_answer is not None:  # absent = no final answer; "" is an empty one
             attributes[FINAL_ANSWER] = trajectory.final_answer
+        attributes[EXPLORATION] = bool(trajectory.metadata.get(EXPLORATION_KEY, False))
         episode.set_attributes(attributes)
         episode.set_status(Status(StatusCode.OK))
 
@@ -235,13 +252,9 @@ def _turn_from_span(span: StoredSpan) -> Turn:
         top_p=float(a[TURN_TOP_P]) if TURN_TOP_P in a else None,
         tool_calls=json.loads(a.get(TURN_TOOL_CALLS, "[]")),
         invalid_tool_calls=json.loads(a.get(TURN_INVALID_TOOL_CALLS, "[]")),
+        node=a.get(TURN_NODE),
+        step=int(a[TURN_STEP]) if TURN_STEP in a else None,
     )
-
-
-def prompt_group(prompt: str) -> str:
-    """The group id of every served episode of one prompt text (training's group-normalised advantages
-    compare episodes of the same prompt; a per-request id would put each episode alone in its group)."""
-    return "prompt-" + hashlib.sha256(prompt.encode()).hexdigest()[:16]
 
 
 def trajectories_from_spans(

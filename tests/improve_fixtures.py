@@ -1,21 +1,28 @@
-"""The team and task of the `teamtr improve` tests (importable by a `teamtr improve` subprocess through
-PYTHONPATH): the chain team's three roles with short messages on a tiny random model, and a verifier
-family whose answers a random model gets right about half the time, so TeamTR raises it within a few
-updates (the final message starts with a character before "P": a digit, punctuation or A-O), with
-`answer_for` so served prompts can be scored."""
+"""The team and tasks of the `teamtr improve` tests (importable by a `teamtr improve` subprocess through
+PYTHONPATH): the chain team's three roles with short messages on a tiny random model, and two verifier
+families, with `answer_for` so served prompts can be scored:
+
+- LowStart: the final message starts with a character before "P" (a digit, punctuation or A-O); one
+  answer for every prompt, so a team's held-out accuracy there is one bit shared by all its prompts;
+- OwnAnswers: every prompt accepts its own set of first characters (digits and punctuation, which
+  every prompt accepts, plus a half of the others, drawn by the prompt): the random team's greedy
+  answers are right on some prompts and wrong on others, and a candidate's held-out gain is per-prompt
+  evidence (0 where the incumbent was right already, +1 where it was wrong and is now right).
+"""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
-import torch
 import yaml
+from adapter_fixtures import randomise_adapters, save_adapters
 
 from teamtr.evals.tasks import register, task_names
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.task import TaskInstance
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
 
 TASK = "improve-low-start"
 ROLES = ("adder1", "adder2", "adder3")
@@ -38,19 +45,76 @@ class LowStart:
         return float("!" <= response[:1] < "P")
 
 
-if TASK not in task_names():
-    register(LowStart)
+UNVERIFIABLE = "improve-unverifiable"
+
+
+class Unverifiable:
+    """The same task as the loop sees it when no verifier exists: it cannot give a served prompt's
+    answer (no `answer_for`), so `teamtr improve` can score nothing itself (tests/test_improve_feedback.py
+    computes LowStart's verdict in the client, out of the loop's sight)."""
+
+    name = UNVERIFIABLE
+    description = "test task: LowStart's prompts without a verifier the loop can use"
+    generate = LowStart.generate
+    extract_answer = LowStart.extract_answer
+
+    def verify(self, instance: TaskInstance, response: str) -> float:
+        raise AssertionError("the loop must never score with this task")
+
+
+OWN_TASK = "improve-own-answers"
+EVERYWHERE = ("!", "A")  # first characters [!, A) (digits, punctuation) are right on every prompt
+
+
+class OwnAnswers:
+    name = OWN_TASK
+    description = (
+        "test task: each prompt accepts digits, punctuation and its own half of the other characters"
+    )
+
+    def generate(self, n: int, seed: int, **knobs) -> list[TaskInstance]:
+        prompts = [f"{seed % 97}*{i}" for i in range(n)]
+        return [TaskInstance(id=f"o-{seed}-{i}", prompt=p, answer=p) for i, p in enumerate(prompts)]
+
+    def answer_for(self, prompt: str) -> str:
+        return prompt  # the prompt is the key of its own answer set
+
+    def extract_answer(self, response: str) -> str | None:
+        return response[:1] or None
+
+    def accepts(self, prompt: str, response: str) -> bool:
+        c = first_char(response)
+        return EVERYWHERE[0] <= c < EVERYWHERE[1] or zlib.crc32(f"{prompt}|{c}".encode()) % 2 == 0
+
+    def verify(self, instance: TaskInstance, response: str) -> float:
+        return float(self.accepts(str(instance.answer), response))
+
+
+for family in (LowStart, Unverifiable, OwnAnswers):
+    if family.name not in task_names():
+        register(family)
+
+
+def proxy(prompt: str, response: str) -> float:
+    """A training reward that is not the verifier: 1 when the final message starts with punctuation or a
+    digit ("!" to "@", a subset of what LowStart accepts), so raising it raises the verifier's too."""
+    return float("!" <= response[:1] < "A")
+
+
+def poisoned(prompt: str, response: str) -> float:
+    """A poisoned training reward: it prefers exactly the answers the verifier calls wrong."""
+    return 1.0 - LowStart().verify(TaskInstance(id="p", prompt=prompt, answer=1), response)
 
 
 def roles():
     return chain_roles(sampling=SamplingParams(temperature=1.0, max_new_tokens=2, stop=("\n",)))
 
 
-def served_run(model_dir: Path, run_dir: Path, weaken: float = 0.5) -> Path:
+def served_run(model_dir: Path, run_dir: Path, weaken: float = 0.5, task: str = TASK) -> Path:
     """A served run: adder1 and adder3 at v1 = the base model, adder2 at v1 = a damaged version."""
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {
-        "task": {"name": TASK},
+        "task": {"name": task},
         "team": {
             "roles": "improve_fixtures:roles",
             "model": str(model_dir),
@@ -61,13 +125,8 @@ def served_run(model_dir: Path, run_dir: Path, weaken: float = 0.5) -> Path:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     lora = LoraSettings(r=4, alpha=64)  # every linear layer, as the run's team.lora_targets: null
     engine = EmbeddedEngine(model_dir, adapters={r: None for r in ROLES}, threads=1, lora=lora)
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for name, p in engine.adapter_parameters("adder2").items():
-            if "lora_B" in name:
-                p.normal_(0, weaken)
-    for r in ROLES:
-        engine.save_adapter(r, run_dir / "adapters" / r / "v1")
+    randomise_adapters(engine, ["adder2"], std=weaken, seed=7)
+    save_adapters(engine, run_dir, ROLES, version=1)
     return run_dir
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,12 +12,18 @@ from contextlib import contextmanager
 
 import httpx
 
-from teamtr.serving.vllm_server import free_port
+from teamtr.serving.engines.vllm_server import free_port
 
 
 @contextmanager
-def serve_process(*args: str, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
-    """Run `teamtr serve ARGS --port P` until the block ends; yields the server's URL."""
+def serve_process(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 300,
+    stop_signal: int = signal.SIGTERM,
+) -> Iterator[str]:
+    """Run `teamtr serve ARGS --port P` until the block ends (then sent `stop_signal`: SIGKILL for a
+    crash); yields the server's URL."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "teamtr.cli.main", "serve", *args, "--port", str(port)],
@@ -37,5 +44,5 @@ def serve_process(*args: str, env: dict[str, str] | None = None, timeout_s: floa
                 time.sleep(0.3)
         yield url
     finally:
-        process.terminate()
+        process.send_signal(stop_signal)
         process.wait(60)

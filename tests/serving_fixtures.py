@@ -1,10 +1,11 @@
 """Fixtures of the serving tests: a training-run directory with real saved adapter versions, a served team.
 
-`serve_in_background(config)` is `teamtr serve` (cli/server.py's `build_server`) on a real uvicorn server
-in a thread of its own (serving/background.py), on a free localhost port.
+`serve_in_background(config)` is `teamtr serve` (serving/server.py's `build_server`) on a real uvicorn server
+in a thread of its own (tests/background_server.py), on a free localhost port.
 
 The adapters are real peft LoRA directories written by the embedded engine's `save_adapter` (what the
-trainer writes after each accepted update), with seeded random non-zero weights so versions differ.
+trainer writes after each accepted update), with seeded random non-zero weights so versions differ
+(tests/adapter_fixtures.py).
 """
 
 from __future__ import annotations
@@ -14,47 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
+from adapter_fixtures import ROLES, write_versions
+from background_server import BackgroundServer
 
-from teamtr.cli.server import ServeConfig, Server, build_server
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.background import BackgroundServer
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.server import ServeConfig, Server, build_server
 
-ROLES = ("adder1", "adder2", "adder3")
+__all__ = ["ROLES", "ROLES_FACTORY", "adapter_config", "make_run_dir", "serve_in_background", "write_versions"]
+
 ROLES_FACTORY = "teamtr.graphs.chain_team:chain_roles"
-
-
-def write_versions(
-    model_dir: Path,
-    run_dir: Path,
-    versions: range,
-    roles: tuple[str, ...] = ROLES,
-    rank: int = 4,
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
-    scale: float = 0.3,
-) -> Path:
-    """RUN_DIR/adapters/<role>/v<k>/ for k in `versions` (the layout the trainer writes)."""
-    # peft draws the LoRA A matrices from the global generator: seed it, so a test's adapters do not
-    # depend on which tests ran before it
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        engine = EmbeddedEngine(
-            model_dir,
-            adapters={r: None for r in roles},
-            threads=1,
-            lora=LoraSettings(r=rank, alpha=2 * rank, target_modules=target_modules),
-        )
-    for k in versions:
-        torch.manual_seed(1000 * k)
-        with torch.no_grad():
-            for r in roles:
-                for name, p in engine.adapter_parameters(r).items():
-                    if "lora_B" in name:
-                        p.normal_(0, scale)
-                engine.save_adapter(r, run_dir / "adapters" / r / f"v{k}")
-    return run_dir
 
 
 def make_run_dir(model_dir: Path, run_dir: Path, versions: int = 2) -> Path:

@@ -11,12 +11,12 @@ of another temperature, nucleus turns and turns of unknown temperature, served o
 from __future__ import annotations
 
 import json
-import sys
 
 import httpx
 import openai
 import pytest
 import torch
+import trainer_fixtures
 from serving_fixtures import make_run_dir, serve_in_background
 from test_training_trainer import small_config, train  # importing it registers the trainer tests' task
 from transformers import AutoModelForCausalLM
@@ -25,7 +25,7 @@ from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.behaviour import OffPolicyTurnsError, require_on_policy, why_not_on_policy
 
 torch.set_num_threads(1)
@@ -141,22 +141,21 @@ def test_trainer_trains_pi_at_the_rollout_temperature(tmp_path):
         assert u["logprob_gap"] < 1e-4, u["logprob_gap"]
         assert u["d_hat"] <= u["delta"] or not u["accepted"]
 
-    roles = sys.modules["teamtr_test_team"]
-    original = roles.roles
+    original = trainer_fixtures.roles
     from teamtr.graphs.chain_team import chain_roles
 
-    roles.roles = lambda: chain_roles(
+    trainer_fixtures.roles = lambda: chain_roles(
         sampling=SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=4, stop=("\n",))
     )
     try:
         with pytest.raises(OffPolicyTurnsError, match="top_p = 0.9"):
             train(small_config(model, tmp_path / "nucleus"))
     finally:
-        roles.roles = original
+        trainer_fixtures.roles = original
 
 
 def test_served_turns_are_greedy_and_refused_by_the_trainer(tiny_model_dir, tmp_path):
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
     from teamtr.serving.tracing import trajectories_from_store
 
     run_dir = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)

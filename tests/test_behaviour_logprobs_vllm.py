@@ -14,7 +14,7 @@ from test_behaviour_logprobs import expected_logprobs
 from transformers import AutoModelForCausalLM
 
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_engine import VLLMEngine
 
 pytest_plugins = ["vllm_fixtures"]
 pytestmark = pytest.mark.vllm

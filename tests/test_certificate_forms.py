@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.certificate import (
     CertificateTerm,
     certificate_form,
     heldout_surrogate,
     stage_certificate_forms,
 )
-from teamtr.training.metrics import read_metrics
 from teamtr.training.stage import ScheduleConfig, run_stage
 
 torch.set_num_threads(1)
@@ -115,7 +115,7 @@ class _TermTeam:
     def __init__(self, terms: list[CertificateTerm]) -> None:
         self.terms = iter(terms)
 
-    def rollout(self, stage: int, index: int) -> None:
+    def rollout(self, stage: int, index: int, trains: bool = True) -> None:
         return None
 
     def update(self, ctx: object) -> SimpleNamespace:
@@ -153,7 +153,7 @@ def test_a_tiny_llm_team_logs_both_forms_per_update_and_per_stage(tmp_path) -> N
     from teamtr.training.warmstart import tiny_random_model
 
     model = str(tiny_random_model(tmp_path / "model"))
-    cfg = small_config(model, tmp_path / "run", **{"trust_region.monitor_episodes": 12})
+    cfg = small_config(model, tmp_path / "run", **{"trust_region.heldout_episodes": 12})
     Trainer(cfg).train()
     updates, (stage,) = read_metrics(cfg.run_dir, "update"), read_metrics(cfg.run_dir, "stage")
     for u in updates:

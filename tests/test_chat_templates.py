@@ -200,7 +200,7 @@ def test_a_team_on_the_engine_renders_through_its_chat_format(tmp_path):
 
     from teamtr.graphs.engine import SamplingParams
     from teamtr.graphs.team import Team
-    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.serving.engines.embedded import EmbeddedEngine
 
     model = build_tiny_model(tmp_path / "chatml-model")
     tok = build_char_tokenizer()
@@ -227,7 +227,7 @@ def test_a_team_whose_template_cannot_render_it_fails_when_built(tmp_path):
     from conftest import build_tiny_model
 
     from teamtr.graphs.team import Team
-    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.serving.engines.embedded import EmbeddedEngine
 
     model = build_tiny_model(tmp_path / "solo-model")
     tok = build_char_tokenizer()

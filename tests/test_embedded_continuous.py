@@ -1,4 +1,4 @@
-"""Continuous batching in the embedded engine (issue 16, item 5; serving/embedded.py, decode_in_thread):
+"""Continuous batching in the embedded engine (serving/engines/embedded.py, decode_in_thread):
 a call that arrives while a batch decodes joins it at the next step and is answered before the running
 rows finish; a finished row leaves at once; greedy rows decode what they decode alone and seeded rows
 sample the same tokens whatever joins or leaves around them; each row keeps its own adapter; an adapter
@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+from adapter_fixtures import randomise_adapters
 
 from teamtr.graphs.engine import Generation, SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 
 PROMPTS = {"a": "1+2+3=", "b": "4+5=", "c": "12+7+30+5", "d": "2+2="}
 
@@ -29,12 +30,7 @@ def engine(tiny_model_dir) -> EmbeddedEngine:
     eng = EmbeddedEngine(
         tiny_model_dir, adapters={"solver": None, "critic": None}, threads=1, decode_in_thread=True
     )
-    torch.manual_seed(3)
-    with torch.no_grad():  # adapters that differ from the base and from each other
-        for name in ("solver", "critic"):
-            for k, p in eng.adapter_parameters(name).items():
-                if "lora_B" in k:
-                    p.normal_(0, 0.3)
+    randomise_adapters(eng, ("solver", "critic"), std=0.3, seed=3)  # differ from the base and each other
     return eng
 
 

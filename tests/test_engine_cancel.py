@@ -1,4 +1,4 @@
-"""A caller that goes away frees its decoding row (issue 16, item 3). The real embedded engine drops a
+"""A caller that goes away frees its decoding row. The real embedded engine drops a
 cancelled call before its batch forms, and a row cancelled mid-decode leaves the batch at the next step
 while the other rows sample the tokens they would have; through the API, a client that disconnects frees
 its row; the real vLLM server aborts the request of a cancelled call (docs/serving.md, "Limits";
@@ -13,14 +13,14 @@ import time
 
 import httpx
 import pytest
-import torch
+from adapter_fixtures import randomise_adapters
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.server import ServeConfig, ServedTeamConfig
 from teamtr.graphs.engine import Generation, SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.vllm_http import VLLMClient
-from teamtr.serving.vllm_server import VLLMServer
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.vllm_http import VLLMClient
+from teamtr.serving.engines.vllm_server import VLLMServer
+from teamtr.serving.server import ServeConfig, ServedTeamConfig
 
 pytest_plugins = ["vllm_fixtures"]  # the last test's real vLLM server (started only if that test runs)
 
@@ -33,12 +33,7 @@ LONG, SHORT = 40, 12  # the cancelled row asks for the most tokens: it alone wou
 @pytest.fixture
 def engine(tiny_model_dir) -> EmbeddedEngine:
     eng = EmbeddedEngine(tiny_model_dir, adapters={"solver": None, "critic": None}, threads=1)
-    torch.manual_seed(3)
-    with torch.no_grad():  # adapters that differ from the base and from each other
-        for name in ("solver", "critic"):
-            for k, p in eng.adapter_parameters(name).items():
-                if "lora_B" in k:
-                    p.normal_(0, 0.3)
+    randomise_adapters(eng, ("solver", "critic"), std=0.3, seed=3)  # differ from the base and each other
     return eng
 
 
@@ -71,7 +66,11 @@ def run(engine: EmbeddedEngine, rows: list[int]) -> tuple[dict[int, Generation],
 
 
 def same(a: Generation, b: Generation) -> bool:
-    return a.completion_ids == b.completion_ids and a.logprobs == b.logprobs and a.finish_reason == b.finish_reason
+    return (
+        a.completion_ids == b.completion_ids
+        and a.logprobs == b.logprobs
+        and a.finish_reason == b.finish_reason
+    )
 
 
 def same_tokens(a: Generation, b: Generation) -> bool:
@@ -233,21 +232,35 @@ def test_a_client_that_disconnects_frees_its_row_through_the_api(tiny_model_dir,
         assert httpx.get(served.url + "/health").json()["in_flight"] == 0
 
 
-def vllm_metric(url: str, name: str, **labels: str) -> float:
-    """The sum of a vLLM Prometheus metric's samples that carry these labels."""
+async def vllm_metric(http: httpx.AsyncClient, name: str, **labels: str) -> float:
+    """The sum of a vLLM Prometheus metric's samples that carry these labels. Asynchronous: a blocking
+    call here would stall the very calls the test is watching."""
     total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in (await http.get("/metrics", timeout=30)).text.splitlines():
         match = re.fullmatch(rf"{re.escape(name)}(?:{{(.*)}})? (\S+)", line)
         if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
             total += float(match.group(2))
     return total
 
 
-async def wait_for(condition, timeout_s: float) -> float:
+async def wait_for(
+    condition, timeout_s: float, calls: list[asyncio.Task] = (), server: VLLMServer | None = None
+) -> float:
+    """Seconds until `await condition()` holds. A call that ends meanwhile fails at once with its result
+    and the time it took, and a time-out shows the server log's tail, so a failure says what happened."""
     start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < timeout_s, "timed out"
-        await asyncio.sleep(0.05)
+    while not await condition():
+        ended = [task for task in calls if task.done()]
+        if ended:
+            tail = server.log_tail(15) if server else ""
+            raise AssertionError(
+                f"{len(ended)} calls ended after {time.monotonic() - start:.1f} s, before the test saw them "
+                f"decode: {ended[0].exception() or ended[0].result()!r}; server log tail:\n{tail}"
+            )
+        if time.monotonic() - start >= timeout_s:
+            tail = server.log_tail() if server else ""
+            raise AssertionError(f"timed out after {timeout_s} s; server log tail:\n{tail}")
+        await asyncio.sleep(0.02)
     return time.monotonic() - start
 
 
@@ -256,13 +269,18 @@ async def wait_for(condition, timeout_s: float) -> float:
 async def test_vllm_aborts_the_requests_of_cancelled_calls(vllm_server: VLLMServer) -> None:
     """Cancelling the engine's HTTP calls (what the API does when a client disconnects) closes their
     connections, and vLLM aborts the requests in its engine core: none runs to the length it asked for.
-    (vLLM 0.32 does not count aborted requests in `request_success_total{finished_reason="abort"}`.)"""
-    url = vllm_server.url
-    calls, max_tokens = 64, 480  # ~3 s of decoding on this machine's CPU, far more than the test needs
-    finished = lambda: vllm_metric(url, "vllm:request_success_total")  # noqa: E731
-    running = lambda: vllm_metric(url, "vllm:num_requests_running")  # noqa: E731
-    tokens = lambda: vllm_metric(url, "vllm:generation_tokens_total")  # noqa: E731
-    finished_before, tokens_before = finished(), tokens()
+    (vLLM 0.32 does not count aborted requests in `request_success_total{finished_reason="abort"}`.)
+    The calls are cancelled once vLLM's generated-token counter moves (a counter, unlike the running
+    gauge, cannot fall back before a slow poll reads it)."""
+    http = httpx.AsyncClient(base_url=vllm_server.url)
+    # 128 calls of the tiny model's longest completion (max_model_len 512): several seconds of decoding
+    # on a 2-core CPU, far more than the test needs to see them start
+    calls, max_tokens = 128, 500
+    finished = lambda: vllm_metric(http, "vllm:request_success_total")  # noqa: E731
+    running = lambda: vllm_metric(http, "vllm:num_requests_running")  # noqa: E731
+    waiting = lambda: vllm_metric(http, "vllm:num_requests_waiting")  # noqa: E731
+    tokens = lambda: vllm_metric(http, "vllm:generation_tokens_total")  # noqa: E731
+    finished_before, tokens_before = await finished(), await tokens()
     payload = {  # as VLLMEngine.generate sends it, plus ignore_eos: the random model must not stop early
         "model": vllm_server.served_model_name,
         "prompt": [5, 6, 7, 8],
@@ -273,17 +291,28 @@ async def test_vllm_aborts_the_requests_of_cancelled_calls(vllm_server: VLLMServ
         "return_tokens_as_token_ids": True,
     }
     client = VLLMClient(max_concurrency=calls, timeout_s=300)  # the engine's own HTTP client
-    tasks = [asyncio.create_task(client.post(url, "/v1/completions", payload)) for _ in range(calls)]
-    await wait_for(lambda: running() >= 1, timeout_s=60)
+    tasks = [
+        asyncio.create_task(client.post(vllm_server.url, "/v1/completions", payload)) for _ in range(calls)
+    ]
+
+    async def decoding() -> bool:
+        return await tokens() > tokens_before
+
+    await wait_for(decoding, timeout_s=120, calls=tasks, server=vllm_server)
     for task in tasks:
         task.cancel()
     for task in tasks:
         with pytest.raises(asyncio.CancelledError):
             await task
-    await wait_for(lambda: running() == 0, timeout_s=10)
-    decoded = tokens() - tokens_before
+
+    async def idle() -> bool:
+        return await running() == 0 and await waiting() == 0
+
+    await wait_for(idle, timeout_s=30)
+    decoded = await tokens() - tokens_before
     await asyncio.sleep(1.0)
-    assert tokens() - tokens_before == decoded < calls * max_tokens  # nothing decodes on for them
-    assert finished() == finished_before  # not one ran to its max_tokens: all were aborted
+    assert await tokens() - tokens_before == decoded < calls * max_tokens  # nothing decodes on for them
+    assert await finished() == finished_before  # not one ran to its max_tokens: all were aborted
+    await http.aclose()
     await client.aclose()
     client.close()

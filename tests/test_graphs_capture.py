@@ -17,7 +17,7 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-import torch
+from adapter_fixtures import randomise_adapters
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -36,7 +36,7 @@ from teamtr.graphs.role_models import RoleModels, UnknownRoleError
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team, TeamError, load_router
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 
 ROLE_NAMES = ("planner", "left", "right", "merger")
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=8, stop=("\n",))
@@ -77,12 +77,7 @@ class RecordingEngine:
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir) -> RecordingEngine:
     eng = EmbeddedEngine(tiny_model_dir, adapters={r: None for r in ROLE_NAMES}, threads=1)
-    torch.manual_seed(2)
-    with torch.no_grad():  # adapters that differ from the base and from each other
-        for r in ROLE_NAMES:
-            for k, p in eng.adapter_parameters(r).items():
-                if "lora_B" in k:
-                    p.normal_(0, 0.3)
+    randomise_adapters(eng, ROLE_NAMES, std=0.3, seed=2)  # differ from the base and from each other
     proxy = RecordingEngine(eng)
     assert isinstance(proxy, Engine)
     return proxy
@@ -326,7 +321,7 @@ def test_team_episodes_go_through_the_same_capture(engine):
 def served(tiny_model_dir, tmp_path_factory):
     from serving_fixtures import make_run_dir, serve_in_background
 
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
 
     run = make_run_dir(tiny_model_dir, tmp_path_factory.mktemp("run"), versions=1)
     with serve_in_background(ServeConfig.from_run_dir(run, "chain", api_keys=["sk-k"])) as server:

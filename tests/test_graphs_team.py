@@ -6,6 +6,7 @@ from typing import Literal
 
 import pytest
 import torch
+from adapter_fixtures import randomise_adapters
 from langgraph.graph import END
 
 from teamtr.evals.tasks import get_task
@@ -13,7 +14,7 @@ from teamtr.graphs.chain_team import chain_roles, chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import RoundRobin, Team, TeamError
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 
 ROLES = ("adder1", "adder2", "adder3")
 
@@ -21,12 +22,7 @@ ROLES = ("adder1", "adder2", "adder3")
 @pytest.fixture
 def engine(tiny_model_dir):
     eng = EmbeddedEngine(tiny_model_dir, adapters={r: None for r in ROLES}, threads=1)
-    torch.manual_seed(1)
-    with torch.no_grad():  # give every adapter its own non-zero update so adapters differ from the base
-        for r in ROLES:
-            for k, p in eng.adapter_parameters(r).items():
-                if "lora_B" in k:
-                    p.normal_(0, 0.3)
+    randomise_adapters(eng, ROLES, std=0.3, seed=1)  # adapters that differ from the base and each other
     return eng
 
 

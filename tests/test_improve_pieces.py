@@ -1,14 +1,16 @@
 """The improve loop's pure pieces (training/improve/): the served-data window and split, reward sources,
-the paired bootstrap of the gate, canary arms and the canary decision, the promotion log."""
+the confidence sequence the gate and canary decide on, canary arms and the sequential decision, the
+judges, the promotion log."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from teamtr.evals.tasks import get_task
-from teamtr.serving.promotion_log import append_record, read_records
+from teamtr.graphs.run_layout import append_record, read_records
 from teamtr.serving.protocol import ServedEpisode
 from teamtr.training.improve.canary import CanaryConfig, arm_of, decide, tally
 from teamtr.training.improve.data import (
@@ -18,7 +20,8 @@ from teamtr.training.improve.data import (
     split_prompts,
     verifier_reward,
 )
-from teamtr.training.improve.gate import paired_bootstrap_lower_bound
+from teamtr.training.improve.judge import resolve_judges
+from teamtr.training.improve.stats import confidence_sequence
 
 
 def episode(prompt: str, t: int, versions: dict[str, int], answer: str = "", reward: float | None = None):
@@ -58,13 +61,47 @@ def test_verifier_reward_scores_bare_served_prompts():
     assert tasks.instance("3+4").id == tasks.instance("3+4").id != tasks.instance("1+2").id
 
 
-def test_paired_bootstrap_bound():
-    mean, lower = paired_bootstrap_lower_bound([0.0] * 10, 0.9, 500, 0)
-    assert mean == 0.0 and lower == 0.0
-    mean, lower = paired_bootstrap_lower_bound([-1.0] * 3 + [0.0] * 7, 0.9, 2000, 0)
-    assert mean == pytest.approx(-0.3) and lower < mean  # the bound is below the mean
-    _, wide = paired_bootstrap_lower_bound([-1.0] * 3 + [0.0] * 7, 0.99, 2000, 0)
-    assert wide < lower  # more confidence, a lower bound further down
+def test_confidence_sequence_bounds_and_error_rate():
+    b = confidence_sequence([0.0] * 10, -1, 1, alpha=0.05)
+    assert b.mean == 0.0 and b.lower < 0 < b.upper
+    assert confidence_sequence([1.0] * 8, -1, 1, 0.05, sides=1).lower <= 0  # 8 wins: not yet shown
+    assert confidence_sequence([1.0] * 12, -1, 1, 0.05, sides=1).lower > 0  # 12: shown better
+    assert confidence_sequence([1.0] * 12, -1, 1, 0.05, sides=1).upper == np.inf
+    with pytest.raises(ValueError, match="range"):
+        confidence_sequence([2.0], -1, 1, 0.05)
+    # the stated error rate, peeking after every pair: a candidate as good as the incumbent (Bernoulli
+    # 0.5 rewards both) is ever "shown better" in at most alpha / 2 of the sequences
+    rng = np.random.default_rng(0)
+    wrong = 0
+    for _ in range(200):
+        d = (rng.random(100) < 0.5).astype(float) - (rng.random(100) < 0.5)
+        wrong += any(confidence_sequence(list(d[:n]), -1, 1, 0.05).lower > 0 for n in range(5, 101, 5))
+    assert wrong / 200 <= 0.025
+
+
+def test_judges_are_not_the_training_reward_unless_allowed():
+    loaded = []
+
+    def load(spec):
+        loaded.append(spec)
+        return lambda p, r: 1.0
+
+    train = lambda p, r: 0.0  # noqa: E731
+    kw = dict(task="chain", load=load, training_reward=train, allow_training_reward=False)
+    j = resolve_judges("m:poisoned", "auto", "auto", has_feedback=False, **kw)
+    assert (j.gate_name, j.canary_name) == ("verifier", "verifier") and j.gate is not train
+    j = resolve_judges("m:poisoned", "auto", "auto", has_feedback=True, **kw)
+    assert j.canary is None and j.canary_name == "feedback"  # the served episodes' feedback
+    with pytest.raises(ImproveDataError, match="training reward"):
+        resolve_judges("verifier", "auto", "auto", has_feedback=True, **kw)
+    with pytest.raises(ImproveDataError, match="training reward"):
+        resolve_judges("verifier", "verifier:chain", "auto", has_feedback=False, **kw)
+    with pytest.raises(ImproveDataError, match="feedback scores only served"):
+        resolve_judges("m:f", "feedback", "auto", has_feedback=True, **kw)
+    allowed = resolve_judges(
+        "verifier", "auto", "auto", has_feedback=False, **{**kw, "allow_training_reward": True}
+    )
+    assert allowed.gate is train and "training reward" in allowed.notes[0]
 
 
 def test_canary_arms_tally_and_decision():
@@ -79,17 +116,21 @@ def test_canary_arms_tally_and_decision():
     eps = [episode("1+2", i, cand, "3") for i in range(4)] + [episode("1+2", 9, inc, "4")]
     t = tally(eps, role_of, candidate, incumbent, reward)
     assert t.figures()["candidate_reward"] == 1.0 and t.figures()["incumbent_reward"] == 0.0
-    cfg = CanaryConfig(episodes=4, margin=0.1)
-    assert decide(t, cfg)[0] is True
-    assert decide(t, CanaryConfig(episodes=5)) is None  # not enough canary episodes yet
-    worse = tally(
-        [episode("1+2", i, cand, "9") for i in range(4)] + [episode("1+2", 9, inc, "3")],
-        role_of,
-        candidate,
-        incumbent,
-        reward,
-    )
-    assert decide(worse, cfg)[0] is False
+    cfg = CanaryConfig(max_episodes=40)
+    assert decide(t, cfg) is None  # one pair proves nothing yet
+
+    def arms(cand_answer: str, inc_answer: str, n: int):
+        both = [episode("1+2", 2 * i, cand, cand_answer) for i in range(n)]
+        both += [episode("1+2", 2 * i + 1, inc, inc_answer) for i in range(n)]
+        return tally(both, role_of, candidate, incumbent, reward)
+
+    better = decide(arms("3", "4", 16), cfg)  # 16 pairs, every one won: stopped early, promoted
+    assert better[0] is True and better[1].startswith("shown better")
+    worse = decide(arms("9", "3", 16), cfg)
+    assert worse[0] is False and worse[1].startswith("shown worse")
+    assert decide(arms("3", "3", 39), cfg) is None  # a tie: undecided until the cap ...
+    assert decide(arms("3", "3", 40), cfg)[1].startswith("not shown better within 40")  # ... rolled back
+    assert decide(arms("3", "3", 40), CanaryConfig(max_episodes=40, non_inferiority=0.5))[0] is True
     # feedback as the canary's reward: episodes without feedback are not scored yet
     fed = tally(
         [episode("1+2", 0, cand, reward=0.5), episode("1+2", 1, cand)], role_of, candidate, incumbent, None
@@ -109,3 +150,53 @@ def test_promotion_log_is_append_only_and_survives_a_torn_line(tmp_path):
     assert [r["event"] for r in records] == ["gate", "promoted"]
     assert records[0]["figures"]["kl"]["adder2"] == 0.01 and records[1]["time_ns"] >= records[0]["time_ns"]
     assert json.loads(log.read_text().splitlines()[0])["decision"] == "passed"
+
+
+def test_watch_starts_a_round_on_new_traffic_and_backs_off_after_setbacks(tmp_path):
+    from teamtr.training.improve.timeline import write_timeline
+    from teamtr.training.improve.watch import WatchConfig, backoff, due
+
+    cfg = WatchConfig(new_episodes=3, new_feedback=2, backoff_s=60, max_backoff_s=200)
+    eps = [episode("1+2", t, {}) for t in range(5)]
+    assert due(eps, since_ns=1, cfg=cfg) and not due(eps, since_ns=2, cfg=cfg)  # 3 new, then 2
+    fed = [episode("1+2", t, {}, reward=1.0) for t in range(3, 5)]
+    assert due(fed, since_ns=2, cfg=cfg)  # 2 new with feedback
+    assert [backoff(n, cfg) for n in range(5)] == [0, 60, 120, 200, 200]
+
+    log = tmp_path / "decisions.jsonl"
+    append_record(log, "gate", attempt=1, decision="refused", figures={"lower_bound": -0.4})
+    append_record(log, "gate", attempt=2, decision="passed", figures={"lower_bound": 0.2})
+    append_record(log, "canary_started", attempt=2)
+    append_record(log, "promoted", attempt=2, figures={"lower_bound": 0.1, "upper_bound": 0.9, "pairs": 14})
+    png = write_timeline(log, tmp_path / "timeline.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_a_role_whose_weights_did_not_move_is_not_changed(tiny_model_dir, tmp_path):
+    import shutil
+
+    from serving_fixtures import write_versions
+
+    from teamtr.training.improve.train import same_weights
+
+    run = write_versions(tiny_model_dir, tmp_path / "run", range(1, 3), roles=("adder2",))
+    v1, v2 = run / "adapters/adder2/v1", run / "adapters/adder2/v2"
+    shutil.copytree(v1, run / "adapters/adder2/v3")  # an "update" that saved the same weights again
+    assert same_weights(v1, run / "adapters/adder2/v3") and not same_weights(v1, v2)
+
+
+def test_improve_rolls_out_on_the_runs_engine_or_refuses(tiny_model_dir, tmp_path):
+    """rollout.engine: vllm with no server to reach: a clear error, never the embedded engine instead."""
+    from improve_fixtures import served_run
+
+    from teamtr.training.improve.data import ServedTasks
+    from teamtr.training.improve.train import ServedTrainer, improve_config, incumbent_engine
+    from teamtr.training.run_dir import RunDir, RunDirError
+
+    served = RunDir(served_run(tiny_model_dir, tmp_path / "t"))
+    settings = {"rollout.engine": "vllm", "rollout.vllm_url": "http://127.0.0.1:9"}
+    cfg = improve_config(served, tmp_path / "attempt-1", settings)
+    incumbent = {a: (v, str(p)) for a, (v, p) in served.saved_adapters().items()}
+    engine = incumbent_engine(served, incumbent, threads=1)
+    with pytest.raises(RunDirError, match="rollout.engine vllm: cannot reach a vLLM server"):
+        ServedTrainer(cfg, ServedTasks(["1+2", "3+4"], lambda p, r: 0.0), engine).train()

@@ -12,11 +12,14 @@ from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_ver
 from typer.testing import CliRunner
 
 from teamtr.cli.serve import app as cli_app
-from teamtr.cli.server import ServeConfig
+from teamtr.graphs.run_layout import version_dirs
+from teamtr.graphs.trajectory import prompt_group
+from teamtr.serving.adapter_checks import AdapterError
 from teamtr.serving.admin_client import AdminClient, AdminRequestError
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.registry import AdapterError, AdapterRegistry, version_dirs
-from teamtr.serving.tracing import prompt_group, trajectories_from_store
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.registry import AdapterRegistry
+from teamtr.serving.server import ServeConfig
+from teamtr.serving.tracing import trajectories_from_store
 from teamtr.training.advantages import group_normalised_advantages
 
 
@@ -31,7 +34,7 @@ async def test_canary_pins_whole_teams_and_promotes_atomically(tiny_model_dir, r
     for role in ROLES:
         await registry.push(role, version_dirs(run_dir, role)[0][1])  # v1 serves
     v2 = {r: (version_dirs(run_dir, r)[1][1], 2) for r in ("adder2", "adder3")}
-    candidate = await registry.stage_candidate(v2, {"run": "improve-1"})
+    candidate = await registry.load_candidate(v2, {"run": "improve-1"})
     assert candidate.incumbent == {"adder2": 1, "adder3": 1}
     assert registry.current_versions() == {r: 1 for r in ROLES}  # staged, never current
     assert registry.current("adder2").version == 1 and registry.is_candidate("adder2", 2)
@@ -60,7 +63,7 @@ async def test_canary_pins_whole_teams_and_promotes_atomically(tiny_model_dir, r
         await cm.__aexit__(None, None, None)
     assert set(engine.adapters()) == {"adder1@v1", "adder2@v2", "adder3@v2"}
 
-    await registry.stage_candidate({"adder2": (version_dirs(run_dir, "adder2")[2][1], 3)})
+    await registry.load_candidate({"adder2": (version_dirs(run_dir, "adder2")[2][1], 3)})
     registry.set_canary_share(1.0)
     async with registry.pin(list(ROLES)) as pins:
         assert pins["adder2"][1] == 3
@@ -90,7 +93,7 @@ def test_candidate_through_the_admin_api_and_cli(tiny_model_dir, tmp_path):
         client = AdminClient(server.url, "adm")
         path = write_versions(tiny_model_dir, run, range(2, 3), roles=("adder2",)) / "adapters/adder2/v2"
         lineage = {"run": "runs/improve/r1", "data_window": "last 4", "incumbent": {"adder2": 1}}
-        info = client.stage_candidate({"adder2": (path, 7)}, lineage, share=1.0)
+        info = client.load_candidate({"adder2": (path, 7)}, lineage, share=1.0)
         assert info.versions == {"adder2": 7} and info.share == 1.0
         chat = httpx.post(
             server.url + "/v1/chat/completions",
@@ -141,7 +144,7 @@ def test_candidate_through_the_admin_api_and_cli(tiny_model_dir, tmp_path):
 def test_improve_abandon_drops_the_unfinished_attempts_candidate(tiny_model_dir, tmp_path):
     """`teamtr improve --abandon` after a kill mid-canary: the attempt's candidate (known by its id) is
     dropped, the incumbent serves, the promotion log says so; a second --abandon has nothing to do."""
-    from teamtr.serving.promotion_log import read_records
+    from teamtr.graphs.run_layout import read_records
     from teamtr.training.improve.loop import ImproveConfig, ImproveLoop
 
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
@@ -152,7 +155,7 @@ def test_improve_abandon_drops_the_unfinished_attempts_candidate(tiny_model_dir,
     config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})
     with serve_in_background(config) as server:
         client = AdminClient(server.url, "adm")
-        client.stage_candidate({"adder2": (path, 2)}, {"attempt_id": "a1"}, share=0.5)
+        client.load_candidate({"adder2": (path, 2)}, {"attempt_id": "a1"}, share=0.5)
         work = tmp_path / "work"
         loop = ImproveLoop(
             ImproveConfig(
@@ -175,11 +178,62 @@ def test_improve_abandon_drops_the_unfinished_attempts_candidate(tiny_model_dir,
         state = loop.run(abandon=True)
         assert state["outcome"] == "abandoned" and state["phase"] == "done"
         assert client.candidate() is None and client.list_versions().current["adder2"] == 1
-        (record,) = read_records(work / "promotions.jsonl")
+        (record,) = read_records(work / "decisions.jsonl")
         assert (
             record["event"] == "abandoned"
             and record["phase"] == "canary"
             and record["candidate"] == {"adder2": 2}
         )
         assert loop.run(abandon=True)["outcome"] == "abandoned"  # done already: nothing more happens
-        assert len(read_records(work / "promotions.jsonl")) == 1
+        assert len(read_records(work / "decisions.jsonl")) == 1
+
+
+def test_watch_reports_through_the_admin_api_show_on_metrics(tiny_model_dir, tmp_path):
+    """`POST /admin/improve` (the watch's state): admin key only, bad figures refused in OpenAI's error
+    shape with nothing stored, a report shown on /metrics; a few teams' reports at most."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from teamtr.serving.admin import MAX_REPORTS
+    from teamtr.serving.protocol import ImproveReport
+
+    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    with serve_in_background(ServeConfig.from_run_dir(run, "chain", admin_key="adm")) as server:
+        body = {"team": "chain", "phase": "backing_off", "figures": {"gate_lower_bound": -0.2}}
+        assert httpx.post(server.url + "/admin/improve", json=body).status_code == 401
+        bad = httpx.post(
+            server.url + "/admin/improve",
+            content='{"team": "chain", "phase": "waiting", "figures": {"gate_kl_adder2": NaN}}',
+            headers={"Authorization": "Bearer adm", "Content-Type": "application/json"},
+        )
+        assert bad.status_code == 400 and "error" in bad.json()
+        client = AdminClient(server.url, "adm")
+        report = ImproveReport(
+            team="chain",
+            phase="backing_off",
+            rounds=3,
+            outcomes={"promoted": 1, "refused": 2},
+            last_decision="refused",
+            figures={"gate_lower_bound": -0.2, "gate_prompts": 12},
+            setbacks=2,
+            backoff_s=1200,
+        )
+        assert client.report_improve(report) == report
+        text = httpx.get(server.url + "/metrics").text
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("teamtr_improve")
+        }
+        assert samples[("teamtr_improve_rounds_total", (("outcome", "refused"), ("team", "chain")))] == 2
+        assert samples[("teamtr_improve_last_decision", (("decision", "refused"), ("team", "chain")))] == 1
+        figure = ("teamtr_improve_last_decision_figure", (("figure", "gate_lower_bound"), ("team", "chain")))
+        assert samples[figure] == -0.2
+        assert samples[("teamtr_improve_backoff_seconds", (("team", "chain"),))] == 1200
+        assert samples[("teamtr_improve_phase", (("phase", "backing_off"), ("team", "chain")))] == 1
+        for k in range(MAX_REPORTS - 1):
+            client.report_improve(ImproveReport(team=f"t{k}", phase="waiting"))
+        with pytest.raises(AdminRequestError) as e:
+            client.report_improve(ImproveReport(team="one-too-many", phase="waiting"))
+        assert e.value.status == 409
+        client.report_improve(report)  # a known team's report still replaces its last

@@ -1,5 +1,5 @@
 """Model references (folder, hub id, GGUF), device and dtype, every EOS id, `teamtr models prepare`,
-and the real SmolLM2 GGUF converted once into the cache (serving/models.py, serving/devices.py)."""
+and the real SmolLM2 GGUF converted once into the cache (serving/engines/models.py, serving/engines/devices.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from teamtr.graphs.chat_format import render_prompt, render_prompt_ids, template_traits
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role, role_messages
-from teamtr.serving.devices import DeviceError, resolve_device, resolve_dtype
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.models import (
+from teamtr.serving.engines.devices import DeviceError, resolve_device, resolve_dtype
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.models import (
     ModelReferenceError,
     ResolvedModel,
     model_kind,
@@ -33,7 +33,7 @@ from teamtr.serving.models import (
     resolve_model,
     shipped_gguf_path,
 )
-from teamtr.serving.vllm_server import VLLMServerConfig, VLLMServerError, start_vllm_server
+from teamtr.serving.engines.vllm_server import VLLMServerConfig, VLLMServerError, start_vllm_server
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
@@ -240,7 +240,7 @@ def test_smollm2_is_prepared_once_and_answers(smollm2, tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_template_keeps_authorship(smollm2):
-    from teamtr.serving.embedded import load_tokenizer
+    from teamtr.serving.engines.embedded import load_tokenizer
 
     tok = load_tokenizer(smollm2)
     traits = template_traits(tok)
@@ -272,7 +272,7 @@ def _cli():
 
 
 def test_serve_resolves_a_model_that_is_not_under_the_run_directory(tmp_path, tiny_model_dir):
-    from teamtr.cli.server import ServeConfig, ServedTeamConfig, model_dir
+    from teamtr.serving.server import ServeConfig, ServedTeamConfig, model_dir
 
     def served(model: str, base_dir: Path) -> Path:
         return model_dir(ServeConfig(model=model, teams={"t": ServedTeamConfig()}, base_dir=str(base_dir)))

@@ -39,6 +39,11 @@ def test_wheel_has_one_namespace_and_every_subpackage(tmp_path):
         if "__pycache__" not in p.parts
     }
     assert in_repo <= packaged, f"subpackages missing from pyproject's packages: {sorted(in_repo - packaged)}"
+    # the shipped warm models travel with the package (training/warmstart/shipped.py)
+    shipped = REPO / "training" / "warmstart" / "shipped"
+    expected = {"teamtr/" + str(p.relative_to(REPO)) for p in shipped.rglob("*") if p.is_file()}
+    assert any(n.endswith("model.safetensors") for n in expected)
+    assert expected <= set(names), f"shipped files missing from the wheel: {sorted(expected - set(names))}"
     entry_points = (
         zipfile.ZipFile(wheel).read(f"{wheel.name.split('-py')[0]}.dist-info/entry_points.txt").decode()
     )

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -148,10 +150,8 @@ def test_eval_report_and_swap_read_the_demo_run(demo_dir, demo_model, tmp_path):
                  str(tmp_path / "eval"))  # fmt: skip
     result = json.loads(out[out.index("{") :])
     assert result["task"] == "chain" and result["instances"] == 3 and result["episodes"] == 6
-    out = invoke("eval", str(run), "--task", "chain", "--limit", "2", "--baseline", "best-of-n", "--out",
-                 str(tmp_path / "bon"))  # fmt: skip
-    saved = json.loads((tmp_path / "bon" / "result.json").read_text())
-    assert saved["baseline"]["n"] >= 1
+    # best-of-n without -k would compare best-of-~1: refused, naming -k
+    assert "-k" in one_line_error("eval", str(run), "--task", "chain", "--baseline", "best-of-n")
 
     # `teamtr swap RUN --role adder3 --model PATH --out NEW`, then `teamtr train NEW/config.yaml`
     newcomer = tmp_path / "newcomer"
@@ -162,7 +162,7 @@ def test_eval_report_and_swap_read_the_demo_run(demo_dir, demo_model, tmp_path):
     invoke("train", str(swapped / "config.yaml"))
     swapped_run = RunDir(swapped)
     assert swapped_run.roles[2].base_model != "base"
-    assert set(swapped_run.latest_adapters()) == {"adder1", "adder2", "adder3"}
+    assert set(swapped_run.saved_adapters()) == {"adder1", "adder2", "adder3"}
     out = invoke(
         "eval", str(swapped), "--task", "chain", "--limit", "2", "--json", "--out", str(tmp_path / "e2")
     )
@@ -171,6 +171,33 @@ def test_eval_report_and_swap_read_the_demo_run(demo_dir, demo_model, tmp_path):
     # `teamtr report RUN_A RUN_B`: plots overlaid
     invoke("report", str(run), str(swapped), "--out", str(tmp_path / "plots"))
     assert len(list((tmp_path / "plots").glob("*.png"))) == 4
+
+
+def readme_commands(prefix: str) -> list[list[str]]:
+    """The README's shell lines (in ```bash blocks) that start with `prefix`, comments cut, split as the
+    shell splits them."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = [line.split(" #")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+             for line in block.splitlines()]  # fmt: skip
+    return [shlex.split(line) for line in lines if line.startswith(prefix)]
+
+
+def test_the_readmes_eval_commands_run_as_written(demo_dir, tmp_path):
+    """Every `teamtr eval runs/demo/run ...` line of the README, on the tiny demo run: only the run's path,
+    --limit (2 instances) and where the result goes change."""
+    commands = readme_commands("teamtr eval runs/demo/run")
+    assert len(commands) >= 2 and any("--baseline" in c for c in commands)
+    for i, argv in enumerate(commands):
+        args = [str(demo_dir / "run") if a == "runs/demo/run" else a for a in argv[1:]]
+        if "--limit" in args:
+            del args[args.index("--limit") : args.index("--limit") + 2]
+        invoke(*args, "--limit", "2", "--out", str(tmp_path / str(i)))
+        saved = json.loads((tmp_path / str(i) / "result.json").read_text())
+        k = int(args[args.index("-k") + 1]) if "-k" in args else 1
+        assert saved["episodes"] == 2 * k
+        if "--baseline" in args:  # best-of-N at the tokens of k team episodes: more than one sample
+            assert saved["baseline"]["n"] > 1
+        assert (tmp_path / str(i) / "pass_at_k.png").exists()
 
 
 def test_examples_train_and_demo_compare(demo_model, tiny_config, tmp_path):

@@ -34,7 +34,7 @@ def test_a_trained_run_is_served_on_vllm(vllm_server, vllm_model_dir, tmp_path):
     )
     result = CliRunner().invoke(app, ["train", str(config)])
     assert result.exit_code == 0, result.output
-    newest = {a: v for a, (v, _) in RunDir(tmp_path / "run").latest_adapters().items()}
+    newest = {a: v for a, (v, _) in RunDir(tmp_path / "run").saved_adapters().items()}
 
     with serve_process(str(tmp_path / "run"), "--vllm-url", vllm_server.url) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="...", max_retries=0)

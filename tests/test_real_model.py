@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct, a real pretrained chat model, end to end on the CPU (issue 14, item 5 a, b, d):
+"""SmolLM2-135M-Instruct, a real pretrained chat model, end to end on the CPU:
 
 - the log-probs of the same tokens under two role LoRA adapters (and the base) agree between the embedded
   engine (transformers + peft) and the real vLLM server;
@@ -28,20 +28,22 @@ from typing import Any
 import openai
 import pytest
 import torch
+from adapter_fixtures import randomise_lora_b
 from ci_strict import missing_requirement
 from serving_fixtures import serve_in_background
 
-from teamtr.cli.server import ServeConfig, ServedTeamConfig
 from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.chain_team import SYSTEM_PROMPT, chain_roles
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 from teamtr.graphs.roles import role_messages
 from teamtr.graphs.team import Team
+from teamtr.serving.adapter_checks import AdapterError
 from teamtr.serving.admin_client import AdminClient, AdminRequestError
-from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.registry import AdapterError, AdapterRegistry
-from teamtr.serving.vllm_engine import VLLMEngine, VLLMRequestError
+from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.serving.engines.vllm_engine import VLLMEngine, VLLMRequestError
+from teamtr.serving.registry import AdapterRegistry
+from teamtr.serving.server import ServeConfig, ServedTeamConfig
 
 pytest_plugins = ["vllm_fixtures"]
 
@@ -73,10 +75,7 @@ def _write_random_adapter(engine: EmbeddedEngine, out: Path, seed: int, rank: in
     engine.add_adapter(
         name, config=LoraSettings(r=rank, alpha=2 * rank, target_modules=TARGETS).peft_config()
     )
-    with torch.no_grad():
-        for key, param in engine.adapter_parameters(name).items():
-            if "lora_B" in key:
-                param.normal_(0.0, SCALE)
+    randomise_lora_b(engine.adapter_parameters(name), SCALE)
     engine.save_adapter(name, out)
     return out
 

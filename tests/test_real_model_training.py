@@ -1,9 +1,9 @@
-"""One TeamTR stage on SmolLM2-135M-Instruct with its rollouts sampled by the real vLLM server (issue 14,
-item 5 c): `rollout.engine: vllm` attached to the session's SmolLM2 server (tests/vllm_fixtures.py).
+"""One TeamTR stage on SmolLM2-135M-Instruct with its rollouts sampled by the real vLLM server:
+`rollout.engine: vllm` attached to the session's SmolLM2 server (tests/vllm_fixtures.py).
 
 The team and task are examples/smollm2_team.py's (a solver and a checker on `sum_of_two`, sampled at
-T = 0.5, where SmolLM2 is right ~40% of the time, so the groups have a spread and the updates move the
-adapters; at T = 1 it is right ~3%). The smallest stage that shows the point: 2 prompts x 4 episodes per
+T = 0.5, where SmolLM2 is right often enough for the groups to have a spread, so the updates move the
+adapters; at T = 1 it rarely is: docs/models.md). The smallest stage that shows the point: 2 prompts x 4 episodes per
 rollout, one epoch, LoRA rank 4 on q_proj / v_proj, no held-out evaluation. What must hold:
 
 - every accepted update saved and pushed its adapter (push seconds recorded), and the resample after it
@@ -26,9 +26,9 @@ import torch
 from test_training_trainer import small_config
 
 from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_server import VLLMServer
-from teamtr.training.metrics import read_metrics
+from teamtr.graphs.run_layout import read_metrics
+from teamtr.serving.engines.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_server import VLLMServer
 from teamtr.training.trainer import Trainer
 
 pytest_plugins = ["vllm_fixtures"]
@@ -65,7 +65,7 @@ def test_a_teamtr_stage_on_smollm2_samples_each_pushed_adapter_through_vllm(
             "optim.epochs": 1,
             "optim.minibatch_messages": 4,
             "trust_region.delta": 5.0,  # the plumbing is tested here, not the trust region
-            "trust_region.monitor_episodes": 0,
+            "trust_region.heldout_episodes": 0,
             "eval.stage_episodes": 0,
         },
     )

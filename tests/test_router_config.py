@@ -1,6 +1,6 @@
 """`team.router: module:function` (training/config.py) decides who speaks in a run's rollouts and when
-the run is served (training/run_dir.py `build_team`, cli/server.py `served_team`); a bad spec is one
-clear RunDirError line.
+the run is served (graphs/spec.py `build_team`, serving/server.py `served_team`); a bad spec is one
+clear SpecError line.
 
 The router below is this module's own: the chain team's roles in reverse order, once each, where
 round-robin would give adder1, adder2, adder3.
@@ -9,19 +9,20 @@ round-robin would give adder1, adder2, adder3.
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Literal
 
 import openai
 import pytest
+import trainer_fixtures
 from serving_fixtures import serve_in_background
 from test_training_trainer import small_config, tiny_model, train  # noqa: F401  (registers the test task)
 
 from teamtr.cli.eval import load_eval_team
-from teamtr.cli.server import ServeConfig, ServedTeamConfig, served_team
+from teamtr.graphs.spec import SpecError, build_team
 from teamtr.graphs.trajectory import load_jsonl
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.run_dir import RunDir, RunDirError, build_team
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.server import ServeConfig, ServedTeamConfig, served_team
+from teamtr.training.run_dir import RunDir, RunDirError
 
 REVERSED = ["adder3", "adder2", "adder1"]
 
@@ -75,7 +76,7 @@ def test_a_bad_router_is_one_clear_error(tiny_model, tmp_path, router, message):
     cfg = small_config(tiny_model, tmp_path / "run", **{"team.router": router})
     roles = RunDir.create(small_config(tiny_model, tmp_path / "run")).roles
     engine = EmbeddedEngine(tiny_model, adapters={r.adapter: None for r in roles}, threads=1)
-    with pytest.raises(RunDirError) as err:
+    with pytest.raises(SpecError) as err:
         build_team(cfg.team, roles, engine, name="t")
     assert message in str(err.value) and "team.router" in str(err.value)
     assert "\n" not in str(err.value)
@@ -87,7 +88,7 @@ def test_a_bad_router_is_one_clear_error(tiny_model, tmp_path, router, message):
 
 def test_a_served_team_router_and_max_turns_override_the_runs(tiny_model):  # noqa: F811
     """ServedTeamConfig.router / max_turns, over a run's (or round-robin's) defaults."""
-    roles = sys.modules["teamtr_test_team"].roles()
+    roles = trainer_fixtures.roles()
     engine = EmbeddedEngine(tiny_model, adapters={r.adapter: None for r in roles}, threads=1)
     spec = ServedTeamConfig(router=ROUTER, max_turns=2)
     team = served_team("t", spec, None, roles, engine)
@@ -95,5 +96,5 @@ def test_a_served_team_router_and_max_turns_override_the_runs(tiny_model):  # no
     assert [t.role for t in trajectory.turns] == REVERSED[:2]
     plain = served_team("t", ServedTeamConfig(), None, roles, engine)
     assert [t.role for t in asyncio.run(plain.arun("1+2", seed=0)).turns] == ["adder1", "adder2", "adder3"]
-    with pytest.raises(RunDirError, match="team 't': team.router: .*nomodule"):
+    with pytest.raises(SpecError, match="team 't': team.router: .*nomodule"):
         served_team("t", ServedTeamConfig(router="nomodule:x"), None, roles, engine)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
+import trainer_fixtures
 import yaml
 from typer.testing import CliRunner
 
@@ -28,11 +29,12 @@ def renamed_roles() -> list[Role]:
     ]
 
 
-def tiny_config(model, run_dir, **team) -> TrainConfig:
+def tiny_config(model, run_dir, task: str = "chain", **team) -> TrainConfig:
     return TrainConfig.from_dict(
         {
             "run_dir": str(run_dir),
             "stages": 1,
+            "task": {"name": task},
             "team": {"model": str(model), "lora_rank": 4, **team},
             "rollout": {"prompts_per_update": 2, "group_size": 2},
             "optim": {"lr": 5e-3, "epochs": 1, "minibatch_messages": 8},
@@ -45,8 +47,13 @@ def tiny_config(model, run_dir, **team) -> TrainConfig:
 def renamed_run(tiny_model_dir, tmp_path_factory):
     from teamtr.training.trainer import Trainer
 
+    # a reward a random model earns half the time: the stage's updates move (an all-zero-advantage
+    # update makes no version, and the tests below need stage 1 to differ from stage 0)
     cfg = tiny_config(
-        tiny_model_dir, tmp_path_factory.mktemp("renamed") / "run", roles="test_run_dir:renamed_roles"
+        tiny_model_dir,
+        tmp_path_factory.mktemp("renamed") / "run",
+        task=trainer_fixtures.ODD_TASK,
+        roles="test_run_dir:renamed_roles",
     )
     Trainer(cfg).train()
     return RunDir(cfg.run_dir)
@@ -58,12 +65,12 @@ def test_adapters_are_saved_and_read_under_the_adapters_name(renamed_run):
         "lora-second",
         "lora-third",
     ]
-    latest = renamed_run.latest_adapters()
+    latest = renamed_run.saved_adapters()
     assert set(latest) == {"lora-first", "lora-second", "lora-third"}
     assert all(path == renamed_run.adapter_dir(a, v) for a, (v, path) in latest.items())
-    assert renamed_run.latest_adapters(version=0)["lora-second"][0] == 0  # a named version
+    assert renamed_run.saved_adapters(versions=0)["lora-second"][0] == 0  # a named version
     with pytest.raises(RunDirError, match="has no version 99"):
-        renamed_run.latest_adapters(version=99)
+        renamed_run.saved_adapters(versions=99)
     assert renamed_run.role("second").adapter == "lora-second" == renamed_run.role("lora-second").adapter
     engine = renamed_run.engine()
     assert sorted(engine.adapters()) == ["lora-first", "lora-second", "lora-third"]
@@ -76,11 +83,11 @@ def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
 
     from teamtr.cli.eval import load_eval_team
     from teamtr.cli.serve import app as cli_app
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
 
     team = load_eval_team(str(renamed_run.path), "chain")
     assert [r.name for r in team.roles] == ["first", "second", "third"]
-    newest = {a: v for a, (v, _) in renamed_run.latest_adapters().items()}
+    newest = {a: v for a, (v, _) in renamed_run.saved_adapters().items()}
     config = ServeConfig.from_run_dir(
         renamed_run.path, "chain", admin_key="adm", tracing={"sqlite_path": None}
     )
@@ -111,10 +118,10 @@ def test_a_run_is_served_and_evaluated_at_an_earlier_stage(renamed_run):
     from serving_fixtures import serve_in_background
 
     from teamtr.cli.eval import load_eval_team
-    from teamtr.cli.server import ServeConfig
-    from teamtr.training.run_dir import versions_after_stage
+    from teamtr.graphs.run_layout import versions_after_stage
+    from teamtr.serving.server import ServeConfig
 
-    newest = {a: v for a, (v, _) in renamed_run.latest_adapters().items()}
+    newest = {a: v for a, (v, _) in renamed_run.saved_adapters().items()}
     assert any(v > 0 for v in newest.values())  # the stage moved something, so stage 0 differs
     assert versions_after_stage(renamed_run.path, 1) == newest
     start = versions_after_stage(renamed_run.path, 0)
@@ -205,3 +212,23 @@ def test_a_task_registered_by_the_roles_module_is_known(tiny_model_dir, tmp_path
         yaml.safe_dump(cfg.with_overrides({"task.name": "run-dir-own-task"}).to_dict())
     )
     assert [r.name for r in RunDir(run).roles] == ["adder1", "adder2"]
+
+
+def test_a_config_that_cannot_run_writes_nothing_and_says_what_was_meant(tiny_model_dir, tmp_path):
+    """A misspelt key or task is refused before the run directory exists, naming the user's file and the
+    name it was probably meant as; after the fix the same run_dir trains (no 'different config')."""
+    from teamtr.cli.main import app
+
+    config = tmp_path / "mine.yaml"
+    good = tiny_config(tiny_model_dir, tmp_path / "run").to_dict()
+    config.write_text(yaml.safe_dump({**good, "stagse": 2}))
+    with pytest.raises(RunDirError, match=r"mine\.yaml: stagse: .*did you mean 'stages'"):
+        read_config(config)
+    config.write_text(yaml.safe_dump({**good, "task": {**good["task"], "name": "chian"}}))
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code != 0 and "did you mean 'chain'" in result.output
+    assert "mine.yaml" in result.output
+    assert not (tmp_path / "run").exists()
+    config.write_text(yaml.safe_dump(good))
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code == 0, result.output

@@ -14,8 +14,8 @@ from langchain_openai import ChatOpenAI
 from serve_process import serve_process
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.cli.server import ServeConfig
-from teamtr.serving.registry import AdapterError
+from teamtr.serving.adapter_checks import AdapterError
+from teamtr.serving.server import ServeConfig
 
 API_KEY, ADMIN_KEY = "sk-test-key", "admin-test-key"
 TASK = "12+7+30+5"

@@ -1,8 +1,14 @@
 """Schemathesis fuzzes every operation of the app's own OpenAPI schema against a real server: no input,
 valid by the schema or not, with or without keys, gets a 5xx, and every error has OpenAI's shape.
-Bounded: ~100 examples in all (a few per operation and generation mode)."""
+Bounded: ~100 examples in all (a few per operation and generation mode); then (slow) the schemathesis
+CLI with every check and a few hundred examples per operation, 0 failures (issue 27)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.server import ServeConfig
+from teamtr.serving.server import ServeConfig
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed (dev extra)")
 from schemathesis import GenerationMode  # noqa: E402
@@ -81,7 +87,7 @@ def test_no_input_gets_a_server_error(fuzz_server):
     assert httpx.get(fuzz_server.url + "/health").status_code == 200  # still serving
 
 
-# the fields issue 16 added (sampling honoured or refused, deadlines, streaming options), each drawn from
+# the request fields for sampling (honoured or refused), deadlines and streaming options, each drawn from
 # valid values, wrong types and edge values alike
 ANY_JSON = st.one_of(
     st.none(),
@@ -134,3 +140,35 @@ def test_the_new_request_fields_never_get_a_server_error(fuzz_server):
 
     call()
     assert 200 in seen and any(400 <= s < 500 for s in seen)
+
+
+# the business rules a JSON schema cannot say (the last message is the user's; a pushed directory must be
+# a LoRA adapter the registry accepts) are 400s of these operations, valid by the schema or not
+SCHEMATHESIS_CONFIG = """
+[[operations]]
+include-name = ["POST /v1/chat/completions", "POST /admin/adapters", "POST /admin/candidate"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+"""
+EXAMPLES_PER_OPERATION = int(os.environ.get("TEAMTR_FUZZ_EXAMPLES", "200"))
+
+
+@pytest.mark.slow
+def test_schemathesis_with_every_check_finds_nothing(fuzz_server, tmp_path):
+    """`st run --checks all` (status codes, response schemas, content types, auth, Allow headers,
+    positive and negative data, stateful links), a few hundred examples per operation, bounded in time."""
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(SCHEMATHESIS_CONFIG)
+    command = [
+        str(Path(sys.executable).parent / "st"),
+        "--config-file", str(config),
+        "--no-color",
+        "run", fuzz_server.url + "/openapi.json",
+        "--checks", "all",
+        "--max-examples", str(EXAMPLES_PER_OPERATION),
+        "--seed", "27",
+        "--request-timeout", "60",
+        "-H", f"Authorization: Bearer {ADMIN_KEY}",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=tmp_path)  # its cache there
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert " passed" in done.stdout and "failures" not in done.stdout.split("SUMMARY")[-1]

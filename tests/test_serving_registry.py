@@ -16,13 +16,15 @@ from serving_fixtures import ROLES, adapter_config, make_run_dir, serve_in_backg
 from typer.testing import CliRunner
 
 from teamtr.cli.serve import app as cli_app
-from teamtr.cli.server import ServeConfig
 from teamtr.evals.tasks import get_task
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.run_layout import version_dirs
 from teamtr.graphs.team import Team
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.registry import AdapterError, AdapterRegistry, inspect_adapter, version_dirs
+from teamtr.serving.adapter_checks import AdapterError, inspect_adapter
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.registry import AdapterRegistry
+from teamtr.serving.server import ServeConfig
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, stop=("\n",))
 
@@ -249,7 +251,7 @@ def test_admin_client_returns_typed_answers_and_raises_on_errors(tiny_model_dir,
         assert server.server.registry.current_versions()["adder3"] == 1
         with pytest.raises(AdminRequestError) as refused:
             client.rollback("adder3")
-        assert refused.value.status == 400 and "no previous version" in refused.value.message
+        assert refused.value.status == 409 and "no previous version" in refused.value.message
         with pytest.raises(AdminRequestError) as wrong_key:
             AdminClient(server.url, "wrong").list_versions()
         assert wrong_key.value.status == 401 and wrong_key.value.message == "incorrect admin key"

@@ -9,7 +9,7 @@ import openai
 import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.server import ServeConfig, ServedTeamConfig
+from teamtr.serving.server import ServeConfig, ServedTeamConfig
 
 TASK = "12+7+30+5"
 PINS = {

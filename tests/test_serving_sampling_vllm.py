@@ -8,7 +8,7 @@ import httpx
 import pytest
 from serving_fixtures import ROLES, make_run_dir, serve_in_background
 
-from teamtr.cli.server import ServeConfig
+from teamtr.serving.server import ServeConfig
 
 pytest_plugins = ["vllm_fixtures"]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # the session's vLLM server takes 30 s or more to start

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from teamtr.graphs.engine import Engine, SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.vllm_engine import VLLMEngine, VLLMRequestError
-from teamtr.serving.vllm_server import VLLMServer, attach_vllm_server
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.vllm_engine import VLLMEngine, VLLMRequestError
+from teamtr.serving.engines.vllm_server import VLLMServer, attach_vllm_server
 
 pytest_plugins = ["vllm_fixtures"]
 # slow: every test here needs the session's vLLM server, whose start-up alone takes 30 s or more
@@ -33,7 +33,7 @@ def embedded(vllm_model_dir: Path) -> EmbeddedEngine:
 
 @pytest.fixture(scope="module")
 def adapters(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from vllm_fixtures import random_lora_adapter
+    from adapter_fixtures import random_lora_adapter
 
     root = tmp_path_factory.mktemp("adapters")
     return {

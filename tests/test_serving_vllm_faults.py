@@ -1,8 +1,8 @@
-"""The vLLM server dies under load (issue 16, "Bad input and faults"): requests in flight and those that
+"""The vLLM server dies under load: requests in flight and those that
 follow get 503 in OpenAI's error shape (`engine_unavailable`), none runs past its deadline, and
 `/health/ready` turns false. Its own vLLM server (the session's stays up for the other tests), killed
 with SIGKILL like a crashed process, then started again on the same port: it has lost its LoRA adapters,
-the engine loads them again (serving/vllm_engine.py `restore_adapters`), `/health/ready` comes back and
+the engine loads them again (serving/engines/vllm_engine.py `restore_adapters`), `/health/ready` comes back and
 requests run on the same adapter versions as before the kill."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 from vllm_fixtures import vllm_skip_reason
 
-from teamtr.cli.server import ServeConfig
-from teamtr.serving.vllm_server import free_port, start_vllm_server
+from teamtr.serving.engines.vllm_server import free_port, start_vllm_server
+from teamtr.serving.server import ServeConfig
 
 pytest_plugins = ["vllm_fixtures"]
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

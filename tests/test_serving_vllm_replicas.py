@@ -1,4 +1,4 @@
-"""Two REAL vLLM servers behind one training run and one served team (serving/vllm_replicas.py).
+"""Two REAL vLLM servers behind one training run and one served team (serving/engines/vllm_replicas.py).
 
 A TeamTR stage samples its rollouts on both (rollout.vllm_urls), each accepted version loaded on both
 before the next rollout. Then 8 clients keep asking the served team while every role's adapter is
@@ -22,16 +22,15 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from adapter_fixtures import random_lora_adapter
 from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_versions
 from test_training_trainer import small_config
-from vllm_fixtures import random_lora_adapter
 
-from teamtr.cli.server import ServeConfig
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.registry import version_dirs
-from teamtr.serving.vllm_http import VLLMRequestError
-from teamtr.serving.vllm_server import VLLMServer, VLLMServerConfig, launch
-from teamtr.training.metrics import read_metrics
+from teamtr.graphs.run_layout import read_metrics, version_dirs
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.vllm_http import VLLMRequestError
+from teamtr.serving.engines.vllm_server import VLLMServer, VLLMServerConfig, launch
+from teamtr.serving.server import ServeConfig
 from teamtr.training.trainer import Trainer
 
 pytest_plugins = ["vllm_fixtures"]
@@ -97,7 +96,7 @@ def test_a_teamtr_stage_with_rollouts_on_two_replicas(vllm_server, replica_b, vl
             "rollout.vllm_urls": [vllm_server.url, other.url],
             "rollout.prompts_per_update": 2,
             "rollout.group_size": 4,
-            "trust_region.monitor_episodes": 0,
+            "trust_region.heldout_episodes": 0,
             "trust_region.delta": 0.5,
             "eval.stage_episodes": 0,
         },

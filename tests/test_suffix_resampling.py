@@ -11,6 +11,7 @@ from typing import Literal
 
 import pytest
 import torch
+from adapter_fixtures import randomise_adapters
 from scipy.stats import chi2_contingency
 
 from teamtr.evals.tasks import get_task
@@ -18,7 +19,7 @@ from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 
 ROLES = ("adder1", "adder2", "adder3")
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=2, stop=("\n",))
@@ -45,12 +46,7 @@ def peaked_model_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def engine(peaked_model_dir):
     eng = EmbeddedEngine(peaked_model_dir, adapters={r: None for r in ROLES}, threads=1)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for r in ROLES:
-            for k, p in eng.adapter_parameters(r).items():
-                if "lora_B" in k:
-                    p.normal_(0, 0.3)
+    randomise_adapters(eng, ROLES, std=0.3, seed=1)
     return eng
 
 
@@ -140,7 +136,7 @@ def test_trainer_with_suffix_resampling_keeps_the_prefix_before_the_updated_role
     first), after adder2's every episode keeps adder1's turn; only new tokens count as train_tokens."""
     from test_training_trainer import small_config, train
 
-    from teamtr.training.metrics import read_metrics
+    from teamtr.graphs.run_layout import read_metrics
     from teamtr.training.warmstart import tiny_random_model
 
     model = str(tiny_random_model(tmp_path / "model"))
@@ -168,7 +164,7 @@ def reversed_chain(state) -> Literal["adder3", "adder2", "adder1", "__end__"]:
 def test_a_custom_router_falls_back_to_full_resampling_and_says_so(tmp_path):
     from test_training_trainer import small_config, train
 
-    from teamtr.training.metrics import read_metrics
+    from teamtr.graphs.run_layout import read_metrics
     from teamtr.training.warmstart import tiny_random_model
 
     model = str(tiny_random_model(tmp_path / "model"))

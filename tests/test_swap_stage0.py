@@ -16,36 +16,15 @@ from conftest import build_tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
+from trainer_fixtures import ODD_TASK, TASK  # the tasks register on import
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from teamtr.evals.tasks import register, task_names
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
-from teamtr.graphs.task import TaskInstance
+from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.config import TrainConfig
-from teamtr.training.metrics import read_metrics
 
 torch.set_num_threads(1)
-
-TASK = "test-swap-digit"
-
-
-class DigitStart:
-    name = TASK
-    description = "test task: the team's final message starts with a digit"
-
-    def generate(self, n, seed, **knobs):
-        return [TaskInstance(id=f"s-{seed}-{i}", prompt=f"{i}+{seed % 7}", answer=None) for i in range(n)]
-
-    def extract_answer(self, response):
-        return response[:1] or None
-
-    def verify(self, instance, response):
-        return float(response[:1].isdigit())
-
-
-if TASK not in task_names():
-    register(DigitStart)
 
 _team = types.ModuleType("teamtr_swap_test_team")
 _team.roles = lambda: chain_roles(
@@ -135,7 +114,8 @@ def test_heterogeneous_team_trains_an_update_for_each_role_on_its_own_base(model
     cfg = run_config(
         models["incumbent"],
         tmp_path / "hetero",
-        **{"team.bases": {"big": models["big"]}, "team.role_bases": {"adder2": "big"}},
+        # a reward a random model earns half the time, so each role's update moves (makes a version)
+        **{"team.bases": {"big": models["big"]}, "team.role_bases": {"adder2": "big"}, "task.name": ODD_TASK},
     )
     train(cfg)
     updates = read_metrics(cfg.run_dir, kind="update")
@@ -244,7 +224,7 @@ def test_after_a_swap_the_newcomer_serves_exactly_that_role(trained_run, models,
     # `teamtr train` continues from the new directory: both roles update, adder2 on the newcomer's base
     summary = train(TrainConfig.from_yaml(result.out_dir / "config.yaml"))
     assert summary["stages"] == 1 + 3  # the old stage + the new run's extra stages
-    updates = [u for u in read_metrics(result.out_dir, kind="update") if u["stage"] >= 1]
+    updates = [u for u in read_metrics(result.out_dir, kind="update") if u["stage"] >= 2]
     assert {u["role"] for u in updates} == {"adder1", "adder2"}
     assert all(u["batch_versions"]["adder2"] >= result.new_version for u in updates)
     assert len(read_metrics(result.out_dir, kind="stage")) == 4  # the old stage's record is kept
@@ -275,7 +255,7 @@ def test_a_newcomer_with_another_tokenizer_works_end_to_end(trained_run, models,
     assert result.kl_final == min(result.kl_history[:7])
     summary = train(TrainConfig.from_yaml(result.out_dir / "config.yaml"))
     assert summary["stages"] == 2
-    updates = [u for u in read_metrics(result.out_dir, kind="update") if u["stage"] == 1]
+    updates = [u for u in read_metrics(result.out_dir, kind="update") if u["stage"] == 2]
     assert {u["role"] for u in updates} == {"adder1", "adder2"}
 
 

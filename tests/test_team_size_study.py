@@ -89,3 +89,17 @@ def test_the_study_refuses_a_warm_start_outside_its_band(tmp_path):
     report.in_band = True
     write_report(report, tmp_path)
     require_in_band(tmp_path, "convention n = 4")  # inside: no error
+
+
+def test_config_json_stays_the_design_and_other_invocations_are_appended(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from team_size_study import record_config
+
+    design = {"arms": ["teamtr", "naive"], "seeds": 5, "out": tmp_path}
+    record_config(tmp_path, design)
+    record_config(tmp_path, design)  # the same command again: nothing to add
+    assert not (tmp_path / "invocations.jsonl").exists()
+    record_config(tmp_path, {**design, "arms": ["naive"]})  # a subset run beside the main one
+    assert json.loads((tmp_path / "config.json").read_text())["arms"] == ["teamtr", "naive"]
+    (line,) = (tmp_path / "invocations.jsonl").read_text().splitlines()
+    assert json.loads(line)["arms"] == ["naive"] and "at" in json.loads(line)

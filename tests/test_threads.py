@@ -12,9 +12,9 @@ import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 from transformers import AutoTokenizer
 
-from teamtr.cli.server import ServeConfig
 from teamtr.graphs.chat_model import strip_stop
 from teamtr.serving.conversations import ConversationStoreError, threads_path
+from teamtr.serving.server import ServeConfig
 
 MESSAGES = ["alpha 12+7", "bravo 30+5", "charlie 1+1", "delta 2+2"]
 

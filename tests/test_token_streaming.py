@@ -10,9 +10,9 @@ import openai
 import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 
-from teamtr.cli.server import ServeConfig
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.server import ServeConfig
 from teamtr.serving.token_stream import AnswerStream, safe_prefix
 
 API_KEY = "sk-test-key"

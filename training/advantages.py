@@ -89,8 +89,9 @@ def batch_normalised_advantages(
 
 
 def advantages_for(rewards: Sequence[float], groups: Sequence[str], loss: LossConfig) -> Advantages:
-    """The advantage estimator `loss.kind` uses: one group per prompt, or (ppo) the whole batch."""
-    if loss.kind == "ppo":  # no groups: the batch mean is the baseline
+    """The advantage estimator `loss.kind` uses: one group per prompt, or (ppo_batch_baseline) the whole
+    batch."""
+    if loss.kind == "ppo_batch_baseline":  # no groups, no value function: the batch mean is the baseline
         return batch_normalised_advantages(rewards, adv_clip=loss.adv_clip, eps=loss.adv_eps)
     return group_normalised_advantages(
         rewards,

@@ -3,14 +3,17 @@ per update and per stage. The stage's headline `certificate` is the held-out for
 (speak_once when every updated role spoke at most once per episode, else general; training/stage.py),
 the proxy only when there are no held-out episodes.
 
+Every term and every stage value is built here: `update_term` (one update, from its batch),
+`with_heldout` (its held-out forms, from the held-out KL check's episodes), `stage_headline`.
+
 The proxy on the update's own batch (kept as `value`; per stage `proxy`):
     c          = sqrt(2) * gamma * A_max / (1 - gamma)^2
     term_i     = L_hat_i - c * sqrt(d_hat_i) - zeta_hat_i / (1 - gamma)      (Thm 3.4, docs/theory.md)
-    C_stage    = sum_i term_i                   (Thm 3.6; summed by training/stage.py `run_stage`)
+    C_stage    = sum_i term_i                   (Thm 3.6; `stage_headline`, logged by training/stage.py `run_stage`)
     zeta_hat_i = zeta_clip + zeta_ratio + zeta_norm
 
 The held-out forms, in reward units of the finite-horizon (gamma = 1) episodic task, on K held-out
-episodes of pi^(i-1) (the out-of-sample monitor's, never trained on), R_k their rewards, b_k the
+episodes of pi^(i-1) (the held-out KL check's, never trained on), R_k their rewards, b_k the
 leave-one-out mean reward, w_ku the ratio pi_new / pi_cur of role j's u-th message in episode k:
     L_ho       = mean_k sum_u (w_ku - 1)(R_k - b_k)       unbiased for L_i (Thm 3.4's surrogate), with its SE
     general    = L_ho - c_general sqrt(kl_ho)             c_general = sqrt(2) A_max (T - 1) N_j
@@ -27,11 +30,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
-from scipy.stats import spearmanr
 
 CertificateForm = Literal["general", "speak_once"]
 
@@ -116,6 +118,62 @@ def certificate_form(role_turns: int) -> CertificateForm:
     return "speak_once" if role_turns <= 1 else "general"
 
 
+def update_term(
+    *,
+    surrogate: float,
+    d_hat: float,
+    zeta_clip: float,
+    zeta_ratio: float,
+    zeta_norm: float,
+    a_max: float,
+    gamma: float,
+    horizon: int,
+    role_turns: int,
+) -> CertificateTerm:
+    """term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma) of one
+    update on its own batch, with the held-out forms' constants T (`horizon`) and N_j (`role_turns`)."""
+    return CertificateTerm(
+        surrogate=surrogate,
+        d_hat=d_hat,
+        zeta_clip=zeta_clip,
+        zeta_ratio=zeta_ratio,
+        zeta_norm=zeta_norm,
+        c=certificate_constant(gamma, a_max),
+        gamma=gamma,
+        horizon=horizon,
+        role_turns=role_turns,
+        form=certificate_form(role_turns),
+    )
+
+
+def no_term(gamma: float) -> CertificateTerm:
+    """The term of an update that did not happen (a role that never spoke): zero in every part."""
+    return CertificateTerm(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, gamma)
+
+
+def with_heldout(
+    term: CertificateTerm,
+    heldout: tuple[float, float, int] | None,
+    kl_heldout: float | None,
+    heldout_role_turns: int,
+) -> CertificateTerm:
+    """`term` with its held-out forms: (L_ho, its SE, K) on the held-out KL check's K episodes (None:
+    none), their per-message KL, and the most turns the role took in one of them (they count towards N_j)."""
+    if heldout is None:
+        return term
+    value, se, episodes = heldout
+    role_turns = max(term.role_turns, heldout_role_turns)
+    return replace(
+        term,
+        heldout_surrogate=value,
+        heldout_se=se,
+        heldout_episodes=episodes,
+        kl_heldout=kl_heldout,
+        role_turns=role_turns,
+        form=certificate_form(role_turns),
+    )
+
+
 def heldout_surrogate(log_ratios: Sequence[Sequence[float]], rewards: Sequence[float]) -> tuple[float, float]:
     """(L_ho, standard error): mean_k sum_u (w_ku - 1)(R_k - b_k) over K held-out episodes of pi_cur, with
     log_ratios[k] the log pi_new / pi_cur of each of the role's messages in episode k (empty if it did not
@@ -159,6 +217,19 @@ def stage_certificate_forms(terms: Sequence[CertificateTerm]) -> dict[str, float
     }
 
 
+def stage_headline(terms: Sequence[CertificateTerm | None]) -> tuple[float | None, str | None]:
+    """The stage's headline certificate and its form: the held-out form that applies (speak_once iff every
+    update's role spoke at most once per episode, which is exact there, docs/theory.md section 3b; general
+    otherwise), or the proxy when an update has no held-out episodes (trust_region.heldout_episodes: 0);
+    (None, None) when the team logs no terms (the exact teams, whose bounds are checked exactly)."""
+    if not terms or any(t is None for t in terms):
+        return None, None
+    forms = stage_certificate_forms(terms)  # type: ignore[arg-type]
+    if forms["heldout"] is not None:
+        return forms["heldout"], str(forms["form"])  # type: ignore[return-value]
+    return stage_certificate(terms), "proxy"  # type: ignore[arg-type]
+
+
 def stage_certificate(terms: Sequence[CertificateTerm]) -> float:
     """C_stage = sum_i [L_hat_i - c sqrt(d_hat_i) - zeta_hat_i / (1 - gamma)]."""
     return float(sum(t.value for t in terms))
@@ -171,5 +242,7 @@ def rank_correlation(certificates: Sequence[float], improvements: Sequence[float
         raise ValueError("one realised improvement per certificate")
     if len(certificates) < 3 or len(set(certificates)) < 2 or len(set(improvements)) < 2:
         return None
+    from scipy.stats import spearmanr  # here: scipy.stats takes ~1 s to import, and the CLI reads configs
+
     rho = spearmanr(certificates, improvements).statistic
     return None if math.isnan(rho) else float(rho)

@@ -25,13 +25,9 @@ from safetensors.torch import load_file, save_file
 from teamtr.graphs.trajectory import Trajectory, load_jsonl, save_jsonl
 
 CHECKPOINTS = "checkpoints"
+# the current stage's pi^0 weights in a checkpoint (not Stage-0 of a swap); "stage0/" in older checkpoints
+STAGE_START = ("stage_start/", "stage0/")
 LATEST = "LATEST"
-
-
-def adapter_dir(run_dir: str | Path, adapter: str, version: int) -> Path:
-    """Named after the role's adapter (`Role.adapter`), as the engine, the checkpoint and serving's
-    registry (serving/registry.py `version_dirs`) name it."""
-    return Path(run_dir) / "adapters" / adapter / f"v{version}"
 
 
 def save_peft_adapter(peft_model, adapter_name: str, out_dir: str | Path) -> Path:

@@ -13,86 +13,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from teamtr.graphs.run_layout import DEFAULT_RUN_DIR
+from teamtr.graphs.spec import TaskConfig, TeamConfig
+from teamtr.serving.engines.open import VLLMSettings
 from teamtr.training.stage import ScheduleConfig
 
-LossKind = Literal["teamtr", "ppo", "grpo", "dapo"]
+LossKind = Literal["message_ratio", "ppo_batch_baseline", "grpo", "dapo"]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TaskConfig(_Strict):
-    """Which task family the team solves and how training / held-out prompts are drawn."""
-
-    name: str = "chain"  # a name in teamtr.evals.tasks
-    options: dict[str, Any] = Field(default_factory=dict)  # constructor options of the task family
-    train_seed: int = 1  # prompts for rollouts come from this generator seed ...
-    eval_seed: int = 2_000_003  # ... held-out evaluation prompts from a disjoint one
-    # where a user graph's tasks come from instead of the family `name` (docs/graphs.md): a JSONL file (one
-    # task a line: `prompt` or a graph `input`, optional `answer` and `id`) or `module:function` returning
-    # a TaskFamily or a list of TaskInstance; None = the task family `name`
-    data: str | None = None
-
-
-class TeamConfig(_Strict):
-    """The team being trained: a factory `module:function` returning the list of `Role`s, who speaks when
-    (`router`: round-robin in role order by default, as in graphs/team.py), and the base model every
-    role's adapter sits on."""
-
-    # `module:function` returning list[Role]; None = the task's own team: the chain adders for `chain`,
-    # else three generic solvers with the family's system prompt (the team `teamtr warmstart` trains)
-    roles: str | None = None
-    # `module:function`: a router of graphs/team.py (a function of the team state returning the next role
-    # or END, declaring its destinations by a `Literal[...]` return annotation); None = round-robin. The
-    # run's rollouts, evaluations, swap and `teamtr serve RUN_DIR` all take turns by it (training/run_dir.py)
-    router: str | None = None
-    max_turns: int | None = Field(None, ge=1)  # episode length guard; None = graphs/team.py's default
-    # A user's own LangGraph graph instead of Team (docs/graphs.md): `module:factory`, a compiled graph or
-    # a builder `factory(models: RoleModels) -> compiled graph` whose nodes call `models.model(role)`.
-    # None = the turn-taking Team of `roles` (and `router`). The keys below apply only with a graph.
-    graph: str | None = None
-    # `module:function` (task: TaskInstance) -> the graph's input; None = a JSONL row's `input`, else
-    # LangGraph's MessagesState: {"messages": [the task prompt as a HumanMessage]}
-    input: str | None = None
-    # `module:function` (final state) -> the final answer text; None = the last AI message's text
-    output: str | None = None
-    # `module:function` (task, final state) -> float reward; None = the task family's verifier
-    reward: str | None = None
-    # sigma: the roles in the order TeamTR updates them each stage (schedule.order then fixes, reverses or
-    # shuffles it); None = the order `roles` lists them in
-    order: list[str] | None = None
-    recursion_limit: int | None = Field(None, ge=1)  # a graph episode's LangGraph step limit; None = 25
-    model: str | None = None  # base model directory; None = the task's cached warm-started model
-    # with model: None, how that warm-started model is built: overrides of the task's WarmStartConfig
-    # (training/warmstart/config.py), e.g. {stop_accuracy: 0.45, seed: 1}; {} = the task's own settings
-    warm_start: dict[str, Any] = Field(default_factory=dict)
-    # heterogeneous teams: more base models (name -> directory) beside `model` (which is named "base"),
-    # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)
-    bases: dict[str, str] = Field(default_factory=dict)
-    role_bases: dict[str, str] = Field(default_factory=dict)
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    lora_targets: list[str] | None = None  # module names; None = the engine's default (every linear layer)
-    # where the embedded engine loads the base models (serving/devices.py): auto = the first GPU in
-    # bfloat16 when torch sees one, else the CPU in float32; a GPU asked for where none exists fails early
-    device: str = "auto"  # auto | cpu | cuda | cuda:K
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-
-    @field_validator("warm_start")
-    @classmethod
-    def _known_warm_start_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from teamtr.training.warmstart.config import WarmStartConfig
-
-        unknown = sorted(set(v) - set(WarmStartConfig.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"team.warm_start: unknown WarmStartConfig fields {unknown}")
-        return v
-
-
-class RolloutConfig(_Strict):
+class RolloutConfig(VLLMSettings, _Strict):
     """ROLLOUT step of Algorithm 1: B prompts x G episodes of the current intermediate team."""
 
     prompts_per_update: int = Field(16, ge=1)  # B
@@ -103,47 +38,59 @@ class RolloutConfig(_Strict):
     # who samples the rollouts: the trainer's embedded engine, or a vLLM server (training/vllm_rollouts.py)
     # to which each accepted adapter version is pushed; the update's log-probs are the trainer's either way
     engine: Literal["embedded", "vllm"] = "embedded"
-    vllm_url: str | None = None  # vllm: attach to this server (serving the run's base model); None: launch
-    vllm_args: list[str] = Field(default_factory=list)  # vllm, launched: extra server arguments
-    vllm_env: dict[str, str] = Field(default_factory=dict)  # ... and environment (CUDA_VISIBLE_DEVICES)
-    # several servers (serving/vllm_replicas.py, docs/scale.md): attach these replicas (one base), or
-    # launch `vllm_replicas` per base, each over tensor x pipeline parallel GPUs
-    vllm_urls: list[str] = Field(default_factory=list)
-    vllm_replicas: int = Field(1, ge=1)
-    vllm_tensor_parallel_size: int = Field(1, ge=1)
-    vllm_pipeline_parallel_size: int = Field(1, ge=1)
-    vllm_replica_devices: list[str] = Field(default_factory=list)  # CUDA_VISIBLE_DEVICES per replica
+    # vllm: vllm_url, vllm_args, vllm_env, vllm_urls, vllm_replicas, ... (serving/engines/open.py VLLMSettings)
 
 
 class LossConfig(_Strict):
     """The surrogate and the advantage estimator.
 
-    teamtr  message-level ratio exp(sum_u log pi_new/pi_cur), mean over messages (docs/training.md eq. 10)
-    ppo     per-token ratio, token mean per message, batch-normalised advantages (no groups)
+    message_ratio  message-level ratio exp(sum_u log pi_new/pi_cur), mean over messages (docs/training.md
+            eq. 10): TeamTR's surrogate (called `teamtr` before; that name is still read, as old runs wrote it)
+    ppo_batch_baseline  per-token ratio, token mean per message, batch-normalised advantages (no groups):
+            PPO's clipped surrogate with the batch mean as baseline, no value function (hence the name)
     grpo    per-token ratio, token mean per message, group-normalised advantages
     dapo    per-token ratio, clip-higher (eps_high 0.28), drop zero-spread groups, token-level mean
     """
 
-    kind: LossKind = "teamtr"
+    kind: LossKind = "message_ratio"
     clip_eps: float = Field(0.2, gt=0)  # eps: ratio clipped to [1 - eps, 1 + eps_high]
     clip_eps_high: float | None = None  # None = clip_eps (dapo defaults it to 0.28)
     adv_clip: float = Field(3.0, gt=0)  # A_clip = A_max of the certificate
     adv_eps: float = Field(1e-6, gt=0)  # eps in sqrt(var + eps)
     group_normalise: bool = True  # False: A = R - group mean (ablation "no group normalisation")
     clip_advantages: bool = True  # False: ablation "no advantage clip" (A_max is then the observed max)
-    dynamic_sampling: bool | None = None  # drop groups with zero reward spread; None = (kind == dapo)
+    # drop groups with zero reward spread and refill the batch with further groups of the same team
+    # (training/llm_team.py); None = (kind == dapo)
+    dynamic_sampling: bool | None = None
+    # the fields above left None and filled from `kind`: with_overrides re-derives them for a new kind
+    _derived: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _renamed(cls, v: Any) -> Any:
+        if v == "teamtr":  # the old name: "teamtr" is the schedule (schedule.kind), not a loss
+            return "message_ratio"
+        if v == "ppo":
+            raise ValueError(
+                "loss.kind 'ppo' is now 'ppo_batch_baseline': it has no value function (the batch mean is "
+                "its baseline), so it is not PPO with GAE"
+            )
+        return v
 
     @model_validator(mode="after")
     def _variant_defaults(self) -> LossConfig:
+        derived = {name for name in ("clip_eps_high", "dynamic_sampling") if getattr(self, name) is None}
         if self.clip_eps_high is None:
             self.clip_eps_high = 0.28 if self.kind == "dapo" else self.clip_eps
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.kind == "dapo"
+        if derived:  # (assignments above validate again, with nothing left None: keep the first set)
+            self._derived = frozenset(derived)
         return self
 
     @property
     def message_ratio(self) -> bool:
-        return self.kind == "teamtr"
+        return self.kind == "message_ratio"
 
     @property
     def token_level_aggregation(self) -> bool:
@@ -187,10 +134,18 @@ class TrustRegionConfig(_Strict):
     beta_max: float = 1e3
     early_stop: bool = True
     max_backtracks: int = Field(3, ge=0)  # K
-    # Out-of-sample monitor (not enforced): before each update, this many held-out episodes of the
+    # Held-out KL check (not enforced): before each update, this many held-out episodes of the
     # current team (own prompts and seeds, never trained on); after it, the exact vocabulary-sum
     # KL(pi_cur || pi_new) per message of the updated role on them (`kl_out_of_sample`). 0 = off.
-    monitor_episodes: int = Field(8, ge=0)
+    heldout_episodes: int = Field(8, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, v: Any) -> Any:
+        # the old name, still read from old runs' configs: "monitor" is the enforced step (eq. 11)
+        if isinstance(v, dict) and "monitor_episodes" in v and "heldout_episodes" not in v:
+            v = {("heldout_episodes" if k == "monitor_episodes" else k): x for k, x in v.items()}
+        return v
 
 
 class CertificateConfig(_Strict):
@@ -214,7 +169,7 @@ class TrainConfig(_Strict):
 
     seed: int = 0
     stages: int = Field(6, ge=1)
-    run_dir: str = "runs/teamtr"
+    run_dir: str = DEFAULT_RUN_DIR
     torch_threads: int = Field(1, ge=1)
     # stop at the first stage boundary where the training rollouts used this many completion tokens
     # (compares schedules at an equal rollout-token budget); None = run all `stages`
@@ -228,6 +183,15 @@ class TrainConfig(_Strict):
     trust_region: TrustRegionConfig = Field(default_factory=TrustRegionConfig)
     certificate: CertificateConfig = Field(default_factory=CertificateConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _known_warm_start_fields(self) -> TrainConfig:
+        from teamtr.training.warmstart.config import WarmStartConfig
+
+        unknown = sorted(set(self.team.warm_start) - set(WarmStartConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"team.warm_start: unknown WarmStartConfig fields {unknown}")
+        return self
 
     @model_validator(mode="after")
     def _graph_keys_need_a_graph(self) -> TrainConfig:
@@ -275,7 +239,12 @@ class TrainConfig(_Strict):
         return cls.from_dict(merge(data, overrides or {}))
 
     def with_overrides(self, overrides: dict[str, Any]) -> TrainConfig:
-        return TrainConfig.from_dict(merge(self.to_dict(), overrides))
+        """This config with `overrides` merged in; the loss fields derived from `loss.kind` are derived
+        again (`loss.kind=dapo` gets dapo's clip_eps_high and dynamic sampling, as from_dict gives)."""
+        base = self.to_dict()
+        for name in self.loss._derived:
+            base["loss"][name] = None
+        return TrainConfig.from_dict(merge(base, overrides))
 
 
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

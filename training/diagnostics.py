@@ -1,7 +1,7 @@
 """What the trainer measures around each update, beside the step itself (docs/training.md, "Certificate
 and diagnostics"): the stale gap, the occupancy divergence, the ESS of importance weights, the log-prob
 gap between the engine and the trainer (`behaviour_gaps`: on every role's turns, when vLLM samples the
-rollouts), the adapter versions a batch was sampled with, and the out-of-sample trust-region monitor
+rollouts), the adapter versions a batch was sampled with, and the held-out KL check
 (KL(pi_cur || pi_new) on held-out contexts, `OutOfSampleKL`), which also gives the certificate its held-out
 surrogate (`OutOfSampleKL.heldout_surrogate`).
 """
@@ -23,7 +23,7 @@ from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, surrogate
 from teamtr.training.vocab_kl import Side, completion_mask, full_logprobs, token_kl_per_message
 
-MONITOR_CHUNK = 8  # messages per forward pass of the out-of-sample monitor ([M, T, V] log-probs)
+MONITOR_CHUNK = 8  # messages per forward pass of the held-out KL check ([M, T, V] log-probs)
 
 
 def logprob_gap(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
@@ -161,7 +161,7 @@ class StaleGap:
 
 @dataclass
 class OutOfSampleKL:
-    """The out-of-sample trust-region monitor: KL(pi_cur || pi_new) of the updated role on contexts it was
+    """The held-out KL check: KL(pi_cur || pi_new) of the updated role on contexts it was
     not fitted on. `before` takes role j's messages in held-out episodes of the current team (sampled
     before the update, never trained on: the contexts j meets, with messages of pi_cur) and pi_cur's
     weights; `after` computes, at each message position, the exact next-token KL over the vocabulary
@@ -237,15 +237,18 @@ class OutOfSampleKL:
                 "kl_out_of_sample_token": None,
                 "kl_out_of_sample_messages": 0,
                 "left_region_out_of_sample": None,
+                "delta_eff": None,
             }
         kl = self.per_message()
         tokens = sum(len(c) for c in self.completions)
         message_mean, token_mean = float(kl.mean()), float(kl.sum()) / tokens
+        effective = token_mean if per_token else message_mean
         return {
             "kl_out_of_sample": message_mean,
             "kl_out_of_sample_token": token_mean,
             "kl_out_of_sample_messages": len(self.prompts),
-            "left_region_out_of_sample": (token_mean if per_token else message_mean) > delta,
+            "left_region_out_of_sample": effective > delta,
+            "delta_eff": effective,  # the step really taken, in the units of delta (logged beside it)
         }
 
 
@@ -282,3 +285,28 @@ def logprob_gap_summary(updates: list[dict]) -> dict[str, float | None]:
         "logprob_gap_max": max(own) if own else None,
         "rollout_logprob_gap_max": max(rollout) if rollout else None,
     }
+
+
+def promised_surrogate(step: StepResult, batch: RolloutBatch) -> float:
+    """The update's promised improvement in reward units, on the batch it was fitted on: the estimator
+    of the held-out surrogate (training/certificate.py `heldout_surrogate`: mean_k sum_u (w_ku - 1)
+    (R_k - b_k), leave-one-out baseline) with pi_new's in-sample log-ratios, so that it and L_ho differ
+    only in the episodes they are computed on."""
+    msgs = step.messages
+    ratios = ((step.new_logp - step.old_logp) * msgs.mask).sum(-1).tolist()
+    per_episode: list[list[float]] = [[] for _ in batch.trajectories]
+    for k, lr in zip(msgs.episode.tolist(), ratios, strict=True):
+        per_episode[k].append(lr)
+    return heldout_surrogate(per_episode, batch.rewards)[0]
+
+
+def stale_penalty(step: StepResult, batch: RolloutBatch, heldout_kl: OutOfSampleKL) -> dict[str, float | None]:
+    """Promised vs delivered: the update's in-sample L_hat (reward units, `promised_surrogate`) minus
+    L_ho on the held-out KL check's independent fresh episodes of pi^(i-1) (measured by `heldout_kl.after` first).
+    In TeamTR's arm the batch is pi^(i-1)'s too, so the penalty is overfitting plus noise; in the naive
+    arm it is pi^0's, so it adds the staleness: their difference between arms is the stale penalty."""
+    heldout = heldout_kl.heldout_surrogate()
+    if heldout is None or not len(step.messages):
+        return {"surrogate_promised": None, "surrogate_heldout": None, "stale_penalty": None}
+    promised = promised_surrogate(step, batch)
+    return {"surrogate_promised": promised, "surrogate_heldout": heldout[0], "stale_penalty": promised - heldout[0]}

@@ -1,22 +1,17 @@
 """The `StageTeam` of an LLM team: what training/stage.py `run_stage` drives for `teamtr train`.
 
 One `EmbeddedEngine` (one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
-AdamW), rollouts through the team's LangGraph graph, sampled by that engine or, with `rollout.engine:
-vllm`, by a vLLM server to which each accepted adapter version is pushed before the next rollout
-(training/vllm_rollouts.py); the update's log-probs are always the embedded engine's. `update` is a
-thin adapter around the per-agent step (training/teamtr_step.py): it replays updates a resumed run
-already completed, measures the diagnostics around the step (training/diagnostics.py), saves the
-accepted adapter (and pushes it to vLLM), logs the update record and hands over to the trainer's
-checkpoint. The schedule (teamtr / naive / joint /
-resample_every / importance_weighting) only changes which batch `update` receives; with
-`schedule.resample: suffix` the resample is `resample_suffix` (episodes re-run from the updated role's
-first turn). Over 400 lines because rollout, suffix resampling, monitor episodes and the update share
-the run's state, seeds and metrics log; the update's pieces live in their own modules already.
+AdamW). Its two halves: ROLLOUT is training/llm_rollouts.py's `TeamSampler` (episodes through the team's
+LangGraph graph, sampled by that engine or by vLLM, suffix resampling, the held-out KL check's held-out episodes);
+OPTIMISE is `update` here, a thin adapter around the per-agent step (training/teamtr_step.py): it replays
+updates a resumed run already completed, measures the diagnostics around the step
+(training/diagnostics.py), saves the accepted adapter (and pushes it to vLLM), logs the update record and
+hands over to the trainer's checkpoint. The update's log-probs are always the embedded engine's. The
+schedule only changes which batch `update` receives (run_stage decides).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -27,17 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
-from teamtr.graphs.capture import EpisodeError
-from teamtr.graphs.role_models import UnknownRoleError
 from teamtr.graphs.roles import Role
-from teamtr.graphs.task import TaskFamily, TaskInstance
-from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.run_layout import adapter_dir
+from teamtr.graphs.spec import build_team
+from teamtr.graphs.task import TaskFamily
+from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine
-from teamtr.training.certificate import CertificateTerm, certificate_form
-from teamtr.training.checkpoint import adapter_dir, save_peft_adapter
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.training.certificate import CertificateTerm, no_term, with_heldout
+from teamtr.training.checkpoint import save_peft_adapter
 from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import (
     OutOfSampleKL,
@@ -48,14 +44,15 @@ from teamtr.training.diagnostics import (
     logprob_gap,
     logprob_gap_max,
     occupancy_divergence,
+    stale_penalty,
     turn_versions,
 )
 from teamtr.training.distributed import DataParallel
+from teamtr.training.llm_rollouts import TeamSampler
 from teamtr.training.metrics import MetricsLog
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
-from teamtr.training.run_dir import RunDirError, build_team
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, teamtr_step
 from teamtr.training.vllm_rollouts import VLLMRollouts
@@ -75,10 +72,15 @@ class RunState:
     step: int = 0  # updates completed in the whole run
     train_tokens: int = 0  # completion tokens of rollouts used for training
     diagnostic_tokens: int = 0  # completion tokens sampled only for the stale-gap diagnostic
-    monitor_tokens: int = 0  # completion tokens of the out-of-sample KL monitor's held-out episodes
+    heldout_tokens: int = 0  # completion tokens of the held-out KL check's held-out episodes
     betas: dict[str, float] = field(default_factory=dict)
-    evals: list[dict[str, Any]] = field(default_factory=list)  # held-out return before stage 0, after each
+    evals: list[dict[str, Any]] = field(default_factory=list)  # held-out return at the start, after each stage
     stage_certificates: list[float | None] = field(default_factory=list)
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict[str, Any]) -> RunState:
+        renamed = {"monitor_tokens": "heldout_tokens"}  # a checkpoint written before the rename
+        return cls(**{renamed.get(k, k): v for k, v in saved.items()})
 
 
 @dataclass
@@ -123,7 +125,7 @@ class LLMStageTeam:
         # rollout.engine: vllm: the team samples through vLLM, to which every accepted version is pushed
         self.vllm = rollout_engine if isinstance(rollout_engine, VLLMRollouts) else None
         rollouts = engine if rollout_engine is None else rollout_engine
-        self.team = build_team(cfg.team, roles, rollouts, temperature=cfg.rollout.temperature, name="train")
+        team = build_team(cfg.team, roles, rollouts, temperature=cfg.rollout.temperature, name="train")
         self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
         for r in roles:
             params = engine.adapter_parameters(r.adapter, r.base_model)
@@ -140,169 +142,40 @@ class LLMStageTeam:
                 data_parallel=data_parallel,
             )
             self.state.betas.setdefault(r.name, cfg.trust_region.beta_init)
+        self.sampler = TeamSampler(
+            cfg, team, task, self.policies, state, metrics, progress, run_dir, self.vllm, data_parallel
+        )
+        self.team = team
         self.stage_start_weights: dict[str, dict[str, torch.Tensor]] = {}  # pi^0 of the current stage
-        self.stage_batches: dict[str, RolloutBatch] = {}  # this stage's batches (checkpointed)
         self.replay_updates: dict[tuple[int, int, str], dict[str, Any]] = {}  # resumed: already done
         self.done_updates: list[dict[str, Any]] = []  # this stage's completed updates (checkpointed)
         self.on_update_done: Callable[[], None] | None = None  # the trainer checkpoints here
 
-    # ---- ROLLOUT --------------------------------------------------------------------------------------
-    def stage_prompts(self, stage: int) -> list[TaskInstance]:
-        """The stage's prompt batch B (the same prompts for every update of the stage)."""
-        return self.task.generate(
-            self.cfg.rollout.prompts_per_update, seed=derive_seed(self.cfg.task.train_seed, stage)
-        )
+    # ---- ROLLOUT: the sampling half (training/llm_rollouts.py) --------------------------------------
+    @property
+    def stage_batches(self) -> dict[str, RolloutBatch]:
+        return self.sampler.batches
+
+    @stage_batches.setter
+    def stage_batches(self, batches: dict[str, RolloutBatch]) -> None:
+        self.sampler.batches = batches
 
     def versions(self) -> dict[str, int]:
-        return {a: p.version() for a, p in self.policies.items()}
+        return self.sampler.versions()
 
-    def sync_rollout_adapters(self) -> None:
-        """vLLM mode: make the server serve every role's current version (its saved directory) before
-        episodes are sampled: the run's start, a resume, anything an update did not push."""
-        if self.vllm is not None:
-            self.vllm.sync(
-                {
-                    (p.base, a): (p.version(), adapter_dir(self.run_dir, a, p.version()))
-                    for a, p in self.policies.items()
-                }
-            )
-
-    def rollout(self, stage: int, index: int) -> RolloutBatch:
-        """G episodes per prompt of the current intermediate team pi^index, through the team's graph."""
-        key = f"s{stage}-k{index}"
-        if key in self.stage_batches:  # resumed mid-stage: this batch was sampled before the interruption
-            return self.stage_batches[key]
-        if index == 0:  # stage start: remember pi^0 (occupancy divergence is measured against it)
+    def rollout(self, stage: int, index: int, trains: bool = True) -> RolloutBatch:
+        if index == 0 and f"s{stage}-k0" not in self.sampler.batches:
+            # stage start: remember pi^0 (occupancy divergence is measured against it)
             self.stage_start_weights = {a: p.weights() for a, p in self.policies.items()}
-        self.sync_rollout_adapters()
-        trajectories = self._episodes(
-            f"stage {stage} rollout {index}",
-            self.stage_prompts(stage),
-            group_size=self.cfg.rollout.group_size,
-            seed=derive_seed(self.cfg.seed, "rollout", stage, index),
-        )
-        sched = self.cfg.schedule
-        trains = index == 0 or (sched.kind == "teamtr" and index % sched.resample_every == 0)
-        batch = RolloutBatch(key, stage, index, trajectories, self.versions(), diagnostic=not trains)
-        if trains:
-            self.state.train_tokens += batch.completion_tokens
-        else:
-            self.state.diagnostic_tokens += batch.completion_tokens
-        self.stage_batches[key] = batch
-        self.progress.rollout(stage, index, len(trajectories))
-        return batch
+        return self.sampler.rollout(stage, index, trains)
 
     def resample_suffix(
         self, stage: int, index: int, previous: RolloutBatch, updated: list[str]
     ) -> RolloutBatch:
-        """Rollouts of pi^index by suffix resampling (schedule.resample: suffix): every episode of
-        `previous` kept up to the first turn of a role in `updated` (the roles changed since it was
-        sampled; the turns before are already samples of the current team), the graph re-run from there.
-        An episode none of them spoke in is kept whole. Only the new turns' tokens count as train_tokens.
-        A team that cannot restart from a prefix (a user graph, a custom router) resamples in full, and
-        the "resample" record in metrics.jsonl says so."""
-        key = f"s{stage}-k{index}"
-        if key in self.stage_batches:  # resumed mid-stage
-            return self.stage_batches[key]
-        if not (isinstance(self.team, Team) and self.team.resumable):
-            self.metrics.log(
-                "resample",
-                self.state.step,
-                batch_key=key,
-                mode="full",
-                reason="the team cannot restart from a prefix (user graph or custom router)",
-            )
-            return self.rollout(stage, index)
-        self.sync_rollout_adapters()
-        prompts = {p.id: p for p in self.stage_prompts(stage)}
-        seed = derive_seed(self.cfg.seed, "suffix", stage, index)
-        cuts = [
-            next((k for k, t in enumerate(traj.turns) if t.role in updated), None)
-            for traj in previous.trajectories
-        ]
+        return self.sampler.resample_suffix(stage, index, previous, updated)
 
-        async def episode(n: int) -> Trajectory:
-            traj, cut = previous.trajectories[n], cuts[n]
-            if cut is None:
-                return traj
-            return await self.team.arun_from(
-                prompts[traj.task_id],
-                traj.turns[:cut],
-                verifier=self.task,
-                seed=derive_seed(seed, n),
-                group_id=traj.group_id,
-            )
-
-        async def episodes() -> list[Trajectory]:
-            return list(await asyncio.gather(*(episode(n) for n in range(len(cuts)))))
-
-        try:
-            trajectories = self._on_main(lambda: asyncio.run(episodes()))
-        except EpisodeError as e:
-            self.metrics.log("failed", self.state.step, where=key, error=f"{type(e).__name__}: {e}")
-            raise RunDirError(f"stage {stage} suffix resample {index} failed: {e}") from e
-        kept = sum(
-            len(traj.turns[:c]) for traj, c in zip(previous.trajectories, cuts, strict=True) if c is not None
-        )
-        new_tokens = sum(
-            sum(len(t.completion_ids) for t in traj.turns[c:])
-            for traj, c in zip(trajectories, cuts, strict=True)
-            if c is not None
-        )
-        batch = RolloutBatch(key, stage, index, trajectories, self.versions())
-        self.state.train_tokens += new_tokens
-        self.metrics.log(
-            "resample",
-            self.state.step,
-            batch_key=key,
-            mode="suffix",
-            updated=list(updated),
-            episodes_kept_whole=cuts.count(None),
-            turns_kept=kept,
-            new_tokens=new_tokens,
-        )
-        self.stage_batches[key] = batch
-        self.progress.rollout(stage, index, len(trajectories))
-        return batch
-
-    def monitor_episodes(self, stage: int, index: int) -> list[Trajectory]:
-        """Held-out episodes of the current team for the out-of-sample KL monitor: their own prompts and
-        seeds (derived from (stage, index), so no training random state is consumed), never trained on."""
-        n = self.cfg.trust_region.monitor_episodes
-        if n == 0:
-            return []
-        prompts = self.task.generate(
-            n, seed=derive_seed(self.cfg.task.train_seed, "kl-monitor", stage, index)
-        )
-        self.sync_rollout_adapters()
-        trajectories = self._episodes(
-            f"stage {stage} KL-monitor episodes before update {index}",
-            prompts,
-            group_size=1,
-            seed=derive_seed(self.cfg.seed, "kl-monitor", stage, index),
-        )
-        self.state.monitor_tokens += sum(t.num_tokens for t in trajectories)
-        return trajectories
-
-    def _episodes(
-        self, where: str, prompts: list[TaskInstance], *, group_size: int, seed: int
-    ) -> list[Trajectory]:
-        """The team's episodes; one that cannot become a trajectory (a user graph asking for an unknown
-        role, a reward that raises or is not finite, an endless loop) fails the batch: a "failed" record
-        in metrics.jsonl and one RunDirError line. The last checkpoint is intact: fix it and resume."""
-        try:
-            return self._on_main(
-                lambda: self.team.run(prompts, group_size=group_size, verifier=self.task, seed=seed)
-            )
-        except (EpisodeError, UnknownRoleError) as e:
-            self.metrics.log("failed", self.state.step, where=where, error=f"{type(e).__name__}: {e}")
-            raise RunDirError(
-                f"{where} failed: {type(e).__name__}: {e} (the run resumes from its last checkpoint)"
-            ) from e
-
-    def _on_main(self, fn: Callable[[], T]) -> T:
-        """fn() here; data parallel: on rank 0 only, its episodes broadcast to every rank."""
-        return fn() if self.data_parallel is None else self.data_parallel.on_main(fn)
+    def heldout_episodes(self, stage: int, index: int) -> list[Trajectory]:
+        return self.sampler.heldout_episodes(stage, index)
 
     def _skipped(self, ctx: UpdateContext[RolloutBatch], role: Role) -> LoggedUpdate | None:
         """A role the graph never called (with a trainable model) in ctx.batch is reported, not updated
@@ -310,14 +183,14 @@ class LLMStageTeam:
         if any(t.completion_ids for traj in ctx.batch.trajectories for t in traj.turns_of(ctx.role)):
             return None
         text = (
-            f"stage {ctx.stage} update {ctx.index}: role {ctx.role!r} made no trainable call in the "
+            f"stage {ctx.stage + 1} update {ctx.index}: role {ctx.role!r} made no trainable call in the "
             f"{len(ctx.batch.trajectories)} episodes of batch {ctx.batch.key}; its update is skipped"
         )
         warnings.warn(text, UnusedRoleWarning, stacklevel=3)
         log.warning(text)
-        term = CertificateTerm(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.cfg.certificate.gamma)
+        term = no_term(self.cfg.certificate.gamma)
         record = {
-            "stage": ctx.stage,
+            "stage": ctx.stage + 1,
             "index": ctx.index,
             "role": ctx.role,
             "adapter": role.adapter,
@@ -332,6 +205,12 @@ class LLMStageTeam:
         return LoggedUpdate(record)
 
     # ---- one update: the step, with what is measured and kept around it -------------------------------
+    def episode_weights(self, ctx: UpdateContext[RolloutBatch]) -> np.ndarray | None:
+        """Per-episode weights of the update's batch (None: every episode 1). The importance_weighting
+        schedule: the stale batch of pi^0 reweighted towards pi^(i-1); a subclass may weigh otherwise
+        (training/improve/feedback_team.py: served episodes of the incumbent)."""
+        return importance_weights(ctx.batch, self.policies) if ctx.reweight else None
+
     def update(self, ctx: UpdateContext[RolloutBatch]) -> LoggedUpdate:
         done = self.replay_updates.get((ctx.stage, ctx.index, ctx.role))
         if done is not None:  # resumed: this update completed before the interruption
@@ -343,10 +222,9 @@ class LLMStageTeam:
         role = self.roles[ctx.role]
         policy = self.policies[role.adapter]
         versions_before = self.versions()
-        # importance_weighting schedule: the stale batch of pi^0 reweighted towards pi^(i-1)
-        weights = importance_weights(ctx.batch, self.policies) if ctx.reweight else None
+        weights = self.episode_weights(ctx)
         stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
-        monitor = OutOfSampleKL.before(self.monitor_episodes(ctx.stage, ctx.index), ctx.role, policy)
+        heldout_kl = OutOfSampleKL.before(self.heldout_episodes(ctx.stage, ctx.index), ctx.role, policy)
         # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
         rollout_gaps = behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None
 
@@ -373,7 +251,7 @@ class LLMStageTeam:
             if self.vllm is not None:  # the next rollouts (the resample of pi^i) sample this version
                 push_seconds = self.vllm.push(role.adapter, saved, step.version, policy.base)
 
-        monitored = monitor.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token)
+        measured = heldout_kl.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token)
         diagnostics = {
             "clip_fraction": float(step.surrogate.clip_fraction),
             "logprob_gap": logprob_gap(step.messages, step.old_logp),
@@ -381,7 +259,7 @@ class LLMStageTeam:
             "rollout_engine": self.cfg.rollout.engine,
             "rollout_logprob_gaps": rollout_gaps,
             "adapter_push_seconds": push_seconds,
-            "certificate": heldout_certificate(step, monitor, monitored).to_dict(),
+            "certificate": heldout_certificate(step, heldout_kl, measured).to_dict(),
             "ess": ess_fraction(weights) if weights is not None else None,
             **stale_gap.after(step, policy),
             "occupancy_divergence": (
@@ -391,14 +269,16 @@ class LLMStageTeam:
                 if ctx.index >= 2 and ctx.fresh_batch is not None
                 else None
             ),
-            **monitored,
+            **measured,
+            **stale_penalty(step, ctx.batch, heldout_kl),  # after heldout_kl.after: it needs the held-out ratios
+            "no_signal": step.no_signal,
         }
         self.state.step += 1
         record = update_record(ctx, role, step, self.cfg, diagnostics, versions_before)
         record.update(
             train_tokens=self.state.train_tokens,
             diagnostic_tokens=self.state.diagnostic_tokens,
-            monitor_tokens=self.state.monitor_tokens,
+            heldout_tokens=self.state.heldout_tokens,
             seconds=time.perf_counter() - t0,
         )
         self.metrics.log("update", self.state.step, **record)
@@ -418,23 +298,14 @@ class LLMStageTeam:
 
 
 def heldout_certificate(
-    step: StepResult, monitor: OutOfSampleKL, monitored: dict[str, Any]
+    step: StepResult, heldout_kl: OutOfSampleKL, measured: dict[str, Any]
 ) -> CertificateTerm:
-    """The step's certificate term with its held-out forms (training/certificate.py) filled in from the
-    out-of-sample monitor's episodes; the held-out episodes also count towards T and N_j."""
-    heldout = monitor.heldout_surrogate()
-    if heldout is None:
-        return step.certificate
-    value, se, episodes = heldout
-    role_turns = max(step.certificate.role_turns, max(Counter(monitor.episode_of).values(), default=0))
-    return dataclasses.replace(
+    """The step's certificate term with its held-out forms from the held-out KL check's episodes."""
+    return with_heldout(
         step.certificate,
-        heldout_surrogate=value,
-        heldout_se=se,
-        heldout_episodes=episodes,
-        kl_heldout=monitored["kl_out_of_sample"],
-        role_turns=role_turns,
-        form=certificate_form(role_turns),
+        heldout_kl.heldout_surrogate(),
+        measured["kl_out_of_sample"],
+        max(Counter(heldout_kl.episode_of).values(), default=0),
     )
 
 
@@ -449,7 +320,7 @@ def update_record(
     """The "update" record of metrics.jsonl (docs/training.md, "Run directory")."""
     region, kl = step.region, step.kl
     return {
-        "stage": ctx.stage,
+        "stage": ctx.stage + 1,  # numbered from 1, as everywhere a stage is shown
         "index": ctx.index,
         "role": ctx.role,
         "adapter": role.adapter,

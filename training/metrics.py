@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from teamtr.graphs.run_layout import METRICS_FILE  # its reader, read_metrics, is there too
 
 
 class MetricsLog:
@@ -46,25 +46,6 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
-
-
-def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by kill -9
-                continue
-            if kind is None or record.get("kind") == kind:
-                out.append(record)
-    return out
 
 
 def _scalars(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:

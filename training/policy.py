@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.distributed import DataParallel
 from teamtr.training.rollouts import RoleMessages, padded_logprobs
 from teamtr.training.trust_region import AdapterState

@@ -1,9 +1,13 @@
 """`teamtr report RUN_DIR [RUN_DIR...]`: PNG plots of what happened in one or several runs.
 
-return_per_stage.png        held-out team return before stage 0 and after every stage (runs overlaid)
+return_per_stage.png        held-out team return at the start (stage 0) and after every stage (runs overlaid),
+                            with +-1 binomial standard error bars
 kl_per_update.png           d_hat of every update against delta (rejected updates marked)
 certificate_vs_improvement.png  stage certificate vs realised improvement (+ rank correlation)
 stale_gap.png               stale gap by update index i within the stage (i >= 2)
+test_accuracy.png           (the demo's) test accuracy before and after training, +-1 standard error
+
+Every figure's footer names each run's base weights by sha256 (a figure reproduces from the same weights).
 """
 
 from __future__ import annotations
@@ -17,17 +21,36 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from teamtr.graphs.run_layout import read_metrics  # noqa: E402
 from teamtr.training.certificate import rank_correlation  # noqa: E402
-from teamtr.training.metrics import read_metrics  # noqa: E402
+from teamtr.training.warmstart.shipped import weights_digest  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
-    """Every report figure ends the same way: laid out, written as a PNG, closed."""
-    fig.tight_layout()
+def _save(fig, path: Path, footer: str) -> Path:
+    """Every report figure ends the same way: laid out, the weights' digests in the footer, written as a
+    PNG, closed."""
+    fig.tight_layout(rect=(0, 0.04, 1, 1) if footer else None)
+    if footer:
+        fig.text(0.01, 0.01, footer, fontsize=6, color="gray")
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def run_weights(run_dir: Path) -> str | None:
+    """sha256 of the weights a run's default base was (config.yaml `team.model`), None when unknown."""
+    try:
+        model = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("team", {}).get("model")
+    except (OSError, yaml.YAMLError):
+        return None
+    return weights_digest(model) if model else None
+
+
+def binomial_se(p: float | None, n: int) -> float:
+    return float("nan") if p is None else (p * (1 - p) / max(n, 1)) ** 0.5
 
 
 def _label(run_dir: Path) -> str:
@@ -42,8 +65,13 @@ def load_run(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) -> list[Path]:
-    """Draw the four plots for the given runs into out_dir (default: the first run's report/)."""
+def write_report(
+    run_dirs: list[str | Path],
+    out_dir: str | Path | None = None,
+    test_accuracy: dict[str, dict[str, Any]] | None = None,
+) -> list[Path]:
+    """Draw the four plots for the given runs into out_dir (default: the first run's report/), and with
+    `test_accuracy` (label -> {"accuracy", "episodes"}, in order) the before/after test accuracies."""
     dirs = [Path(d) for d in run_dirs]
     for d in dirs:
         if not (d / "metrics.jsonl").exists():
@@ -51,30 +79,54 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path | None = None) 
     out = Path(out_dir) if out_dir else dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     runs = {_label(d): load_run(d) for d in dirs}
-    return [
-        _return_per_stage(runs, out / "return_per_stage.png"),
-        _kl_per_update(runs, out / "kl_per_update.png"),
-        _certificate_vs_improvement(runs, out / "certificate_vs_improvement.png"),
-        _stale_gap(runs, out / "stale_gap.png"),
+    digests = {_label(d): run_weights(d) for d in dirs}
+    named = [f"{name} {digest[:12]}" for name, digest in digests.items() if digest]
+    footer = "weights sha256: " + ", ".join(named) if named else ""
+    plots = [
+        _return_per_stage(runs, out / "return_per_stage.png", footer),
+        _kl_per_update(runs, out / "kl_per_update.png", footer),
+        _certificate_vs_improvement(runs, out / "certificate_vs_improvement.png", footer),
+        _stale_gap(runs, out / "stale_gap.png", footer),
     ]
+    if test_accuracy:
+        plots.append(_test_accuracy(test_accuracy, out / "test_accuracy.png", footer))
+    return plots
 
 
-def _return_per_stage(runs: dict, path: Path) -> Path:
+def _return_per_stage(runs: dict, path: Path, footer: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, run in runs.items():
-        evals = [r for r in run["eval"] if r.get("stage") == -1][:1] + run["stage"]
-        ys = [e.get("accuracy", e.get("eval_after")) for e in evals]
+        first = [r for r in run["eval"] if r.get("stage") == 0][:1]
+        episodes = int(first[0].get("episodes", 1)) if first else 1
+        ys = [e.get("accuracy", e.get("eval_after")) for e in first + run["stage"]]
+        se = [binomial_se(y, episodes) for y in ys]
         ys = [np.nan if y is None else y for y in ys]  # per-stage evaluation switched off
-        ax.plot(range(len(ys)), ys, marker="o", label=name)
+        ax.errorbar(range(len(ys)), ys, yerr=se, marker="o", capsize=3, label=f"{name} ({episodes} episodes)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("stages completed")
     ax.set_ylabel("held-out team return (accuracy)")
-    ax.set_title("Team return per stage")
+    ax.set_title("Team return per stage (bars: +-1 standard error)")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return _save(fig, path, footer)
 
 
-def _kl_per_update(runs: dict, path: Path) -> Path:
+def _test_accuracy(rows: dict[str, dict[str, Any]], path: Path, footer: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(rows)
+    values = [rows[n]["accuracy"] for n in names]
+    se = [binomial_se(rows[n]["accuracy"], rows[n]["episodes"]) for n in names]
+    bars = ax.bar(names, values, yerr=se, capsize=5, color=["gray"] + ["tab:blue"] * (len(names) - 1))
+    ax.bar_label(bars, labels=[f"{v:.1%}" for v in values], padding=8)
+    episodes = sorted({rows[n]["episodes"] for n in names})
+    ax.set_ylabel("team accuracy on held-out test tasks")
+    ax.set_ylim(0, min(1.0, max(values) * 1.3 + 0.05))
+    ax.set_title(f"Before and after training ({'/'.join(map(str, episodes))} test episodes; bars: +-1 SE)")
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path, footer)
+
+
+def _kl_per_update(runs: dict, path: Path, footer: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     delta = None
     for name, run in runs.items():
@@ -92,15 +144,16 @@ def _kl_per_update(runs: dict, path: Path) -> Path:
         delta = ups[0]["delta"] if ups else delta
     if delta is not None:
         ax.axhline(delta, color="black", linestyle="--", label="delta")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("update")
     ax.set_ylabel("d_hat (the constrained KL estimate, k3 or k1)")
     ax.set_title("Per-agent KL trust region")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, footer)
 
 
-def _certificate_vs_improvement(runs: dict, path: Path) -> Path:
+def _certificate_vs_improvement(runs: dict, path: Path, footer: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, run in runs.items():
         measured = [s for s in run["stage"] if s.get("realised_improvement") is not None]
@@ -115,10 +168,10 @@ def _certificate_vs_improvement(runs: dict, path: Path) -> Path:
     ax.set_title("Certificate vs realised improvement")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, footer)
 
 
-def _stale_gap(runs: dict, path: Path) -> Path:
+def _stale_gap(runs: dict, path: Path, footer: str) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, run in runs.items():
         by_index: dict[int, list[float]] = defaultdict(list)
@@ -128,6 +181,7 @@ def _stale_gap(runs: dict, path: Path) -> Path:
         if by_index:
             idx = sorted(by_index)
             ax.plot(idx, [float(np.mean(by_index[i])) for i in idx], marker="o", label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("update index i within the stage")
     ax.set_ylabel("stale gap |L_hat(stage-start) - L_hat(fresh)|")
     ax.set_title("Stale gap per update index")
@@ -137,4 +191,4 @@ def _stale_gap(runs: dict, path: Path) -> Path:
     else:
         ax.text(0.5, 0.5, "no stale-gap measurements\n(schedule.diagnose_stale_gap off)", ha="center",
                 va="center", transform=ax.transAxes)  # fmt: skip
-    return _save(fig, path)
+    return _save(fig, path, footer)

@@ -11,6 +11,10 @@ the LLM teams of the trainer plug into the same loop through `StageTeam`.
           the held-out form that applies (training/certificate.py): speak_once = sum_i L_ho_i when every
           updated role spoke at most once per episode, else general; the proxy sum_i term_i without them
 
+Stages are numbered from 1 wherever a person or a file sees them (progress lines, metrics.jsonl, `--stage K`
+= after K stages, tables, plots; 0 is the start); `stage` here is the loop's 0-based index, which the
+seeds derive from.
+
 The schedule is a parameter, not a copy per variant:
   teamtr                resample after every update (intermediate occupancy)
   naive                 one batch per stage, reused by every update (stale occupancy)
@@ -28,9 +32,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar, runtime_checkable
 
-from teamtr.training.certificate import CertificateTerm, stage_certificate, stage_certificate_forms
+from teamtr.training.certificate import CertificateTerm, stage_headline
 
 Batch = TypeVar("Batch")
 
@@ -105,24 +109,15 @@ class StageRecord(Generic[U]):
 
 
 def _stage_certificate(updates: list[U]) -> tuple[float | None, str | None]:
-    """The stage's headline certificate and its form: the held-out form of training/certificate.py
-    `stage_certificate_forms` (speak_once iff every update's role spoke at most once per episode, which is
-    exact there, docs/theory.md section 3b; general otherwise), or the proxy when an update has no
-    held-out episodes (trust_region.monitor_episodes: 0)."""
-    terms = [u.certificate for u in updates]
-    if not terms or any(t is None for t in terms):
-        return None, None
-    forms = stage_certificate_forms(terms)  # type: ignore[arg-type]
-    if forms["heldout"] is not None:
-        return forms["heldout"], str(forms["form"])  # type: ignore[return-value]
-    return stage_certificate(terms), "proxy"  # type: ignore[arg-type]
+    return stage_headline([u.certificate for u in updates])  # training/certificate.py
 
 
 class StageTeam(Protocol[Batch, U]):
     """A team that Algorithm 1 can train: tabular (exact) or LLM (sampled)."""
 
-    def rollout(self, stage: int, index: int) -> Batch:
-        """A batch of episodes of the current (intermediate) team."""
+    def rollout(self, stage: int, index: int, trains: bool = True) -> Batch:
+        """A batch of episodes of the current (intermediate) team; `trains`: an update will optimise on it
+        (False: sampled only to measure the stale gap), as `run_stage` decides."""
         ...
 
     def update(self, ctx: UpdateContext[Batch]) -> U:
@@ -134,6 +129,7 @@ class StageTeam(Protocol[Batch, U]):
         ...
 
 
+@runtime_checkable
 class SuffixResampling(Protocol[Batch]):
     """A team that can resample only the part of a batch's episodes a role update can change."""
 
@@ -160,7 +156,7 @@ def run_stage(
     sigma = stage_order(roles, cfg.order, rng)
     record = StageRecord(stage=stage, order=sigma)
 
-    stage_start_batch = team.rollout(stage, 0)  # rollouts of pi^0
+    stage_start_batch = team.rollout(stage, 0, trains=True)  # rollouts of pi^0
     record.rollouts += 1
     if cfg.kind == "joint":
         record.updates = team.update_joint(stage, sigma, stage_start_batch)
@@ -169,17 +165,17 @@ def run_stage(
 
     batch, fresh = stage_start_batch, True
     sampled_at = 1  # the batch is of pi^(sampled_at - 1): roles sigma[sampled_at - 1 : i - 1] changed since
-    suffix = cfg.resample == "suffix" and callable(getattr(team, "resample_suffix", None))
+    suffix = cfg.resample == "suffix" and isinstance(team, SuffixResampling)
     for i, role in enumerate(sigma, start=1):
         fresh_batch = stage_start_batch if i == 1 else None
         if i > 1:
             resample = cfg.kind == "teamtr" and (i - 1) % cfg.resample_every == 0
             if resample and suffix:  # rollouts of pi^(i-1), re-sampled from the updated roles' turns on
                 updated = sigma[sampled_at - 1 : i - 1]
-                fresh_batch = team.resample_suffix(stage, i - 1, batch, updated)  # type: ignore[attr-defined]
+                fresh_batch = team.resample_suffix(stage, i - 1, batch, updated)
                 record.rollouts += 1
             elif resample or cfg.diagnose_stale_gap:
-                fresh_batch = team.rollout(stage, i - 1)  # rollouts of pi^(i-1)
+                fresh_batch = team.rollout(stage, i - 1, trains=resample)  # rollouts of pi^(i-1)
                 record.rollouts += 1
             if resample:
                 sampled_at = i

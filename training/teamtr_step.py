@@ -25,7 +25,7 @@ import torch
 
 from teamtr.training.advantages import Advantages, advantages_for
 from teamtr.training.behaviour import require_on_policy
-from teamtr.training.certificate import CertificateTerm, certificate_constant, certificate_form
+from teamtr.training.certificate import CertificateTerm, update_term
 from teamtr.training.config import LossConfig, TrainConfig
 from teamtr.training.losses import (
     KLEstimates,
@@ -37,7 +37,7 @@ from teamtr.training.losses import (
 )
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
-from teamtr.training.trust_region import AttemptResult, TrustRegionOutcome, enforce_trust_region
+from teamtr.training.trust_region import AttemptLog, AttemptResult, TrustRegionOutcome, enforce_trust_region
 
 
 @dataclass
@@ -54,6 +54,7 @@ class StepResult:
     d_hat: float  # the estimate the trust region constrains (eq. 11, or its k3 form)
     certificate: CertificateTerm
     version: int  # j's adapter version after the step (bumped iff accepted)
+    no_signal: bool = False  # no message, or every advantage 0: nothing optimised, no new version
 
     @property
     def accepted(self) -> bool:
@@ -93,7 +94,14 @@ def teamtr_step(
         seed = minibatch_seed(next(attempt_number))
         return penalised_surrogate_epochs(policy, msgs, old_logp, cfg, lr, beta, seed, on_epoch)
 
-    region = enforce_trust_region(attempt, policy.snapshot, tr, cfg.optim.lr, beta)
+    # no message (DAPO dropped every group) or every advantage 0: nothing to learn, so no attempt and no new
+    # version (`no_signal`). Rank 0's decision on every rank: data-parallel ranks never split on it
+    no_signal = policy.agree(float(not len(msgs) or not bool(torch.any(msgs.adv != 0)))) > 0.5
+    if no_signal:
+        no_attempt = AttemptLog(0.0, beta, 0.0, epochs_run=0, early_stopped=False, inside=True)
+        region = TrustRegionOutcome(accepted=False, d_hat=0.0, attempts=[no_attempt], beta_next=beta)
+    else:
+        region = enforce_trust_region(attempt, policy.snapshot, tr, cfg.optim.lr, beta)
     # pi_new: the accepted attempt's weights; a rejected update restored pi_cur bit for bit
     new_logp = region.accepted_attempt.new_logp if region.accepted_attempt is not None else old_logp
 
@@ -103,22 +111,20 @@ def teamtr_step(
     d_hat = float(monitored_kl(kl, tr.estimator, tr.per_token))
     # CERTIFY (T): term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma);
     # the held-out forms' constants: T and N_j from the batch's turns (speak_once iff N_j <= 1)
-    role_turns = max((len(traj.turns_of(role)) for traj in batch.trajectories), default=0)
-    term = CertificateTerm(
+    term = update_term(
         surrogate=float(sur.improvement),
         d_hat=d_hat,
         zeta_clip=adv.zeta_clip,
         zeta_ratio=float(sur.zeta_ratio),
         zeta_norm=adv.zeta_norm,
-        c=certificate_constant(cfg.certificate.gamma, adv.a_max),
+        a_max=adv.a_max,
         gamma=cfg.certificate.gamma,
         horizon=max((len(traj.turns) for traj in batch.trajectories), default=0),
-        role_turns=role_turns,
-        form=certificate_form(role_turns),
+        role_turns=max((len(traj.turns_of(role)) for traj in batch.trajectories), default=0),
     )
     # COMMIT: swap j's accepted weights in; the next rollouts record the new version
     version = policy.commit() if region.accepted else policy.version()
-    return StepResult(adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version)
+    return StepResult(adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version, no_signal)
 
 
 def penalised_surrogate_epochs(
@@ -133,16 +139,16 @@ def penalised_surrogate_epochs(
 ) -> AttemptResult:
     """One attempt: inner epochs over minibatches of j's messages, early stop once d_hat exceeds delta.
 
-    The running d_hat of an epoch is the weighted mean of its minibatches' estimates (each taken just
-    before that minibatch's step); the d_hat that decides acceptance is measured on the whole batch
-    after the last step, and comes back with log pi_new of the whole batch."""
+    After each epoch d_hat is measured on the whole batch at the epoch's final weights (one forward
+    pass): that decides early stopping, so it works with one minibatch too (an estimate taken before
+    each minibatch's step is 0 for the first one: it is measured at pi_cur). The last epoch's
+    measurement decides acceptance and comes back with log pi_new of the whole batch."""
     tr = cfg.trust_region
     for group in policy.optimizer.param_groups:
         group["lr"] = lr
     gen = torch.Generator().manual_seed(seed)
     epochs_run, early_stopped = 0, False
     for epoch in range(1, cfg.optim.epochs + 1):
-        running, seen = 0.0, 0.0
         for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
             mb = msgs.subset(idx)
             new_logp = policy.logp(mb, grad=True)
@@ -154,27 +160,31 @@ def penalised_surrogate_epochs(
             policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
             torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
             policy.optimizer.step()
-            w = float(mb.weight.sum())
-            running += w * float(monitored_kl(kl, tr.estimator, tr.per_token).detach())
-            seen += w
         epochs_run = epoch
-        d_running = policy.agree(running / max(seen, 1e-12))  # one early-stop decision on every rank
+        new_logp, d_hat = whole_batch_kl(policy, msgs, old_logp, cfg)  # one decision on every rank
         if on_epoch is not None:
-            on_epoch(epoch, d_running)
-        if tr.enabled and tr.early_stop and d_running > tr.delta:
+            on_epoch(epoch, d_hat)
+        if tr.enabled and tr.early_stop and d_hat > tr.delta and epoch < cfg.optim.epochs:
             early_stopped = True
             break
-    with torch.no_grad():  # MONITOR on the whole batch (eq. 11)
+    return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped, new_logp=new_logp)
+
+
+def whole_batch_kl(
+    policy: AdapterPolicy, msgs: RoleMessages, old_logp: torch.Tensor, cfg: TrainConfig
+) -> tuple[torch.Tensor, float]:
+    """log pi_new of the whole batch and the monitored d_hat on it (eq. 11), agreed over ranks."""
+    tr = cfg.trust_region
+    with torch.no_grad():
         new_logp = policy.logp(msgs, grad=False)
         kl_all = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
-    d_hat = policy.agree(float(monitored_kl(kl_all, tr.estimator, tr.per_token)))  # one accept decision
-    return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped, new_logp=new_logp)
+    return new_logp, policy.agree(float(monitored_kl(kl_all, tr.estimator, tr.per_token)))
 
 
 def surrogate(
     new_logp: torch.Tensor, old_logp: torch.Tensor, msgs: RoleMessages, loss: LossConfig
 ) -> Surrogate:
-    """The clipped surrogate of `loss.kind` on msgs (message-level ratio for teamtr, per token otherwise)."""
+    """The clipped surrogate of `loss.kind` on msgs (message-level ratio for message_ratio, per token otherwise)."""
     return clipped_surrogate(
         new_logp,
         old_logp,

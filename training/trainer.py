@@ -3,10 +3,13 @@
     evaluate the held-out team return                                  held_out_return
     for stage k:                                                        Trainer.train
       one stage of Algorithm 1 (order sigma, rollouts, n updates,      training/stage.py run_stage,
-        C_stage = sum_i term_i)                                          training/teamtr_step.py teamtr_step
+        the stage certificate C_stage)                                   training/teamtr_step.py teamtr_step
       evaluate again: realised improvement = after - before
       checkpoint (also after every update, from inside the stage)      Trainer._checkpoint
     Spearman(C_stage, realised improvement) over the run              certificate.rank_correlation
+
+C_stage is the held-out form of the certificate that applies (speak_once, else general), the proxy
+sum_i term_i only when there are no held-out episodes: training/certificate.py.
 
 The team the stage loop drives is training/llm_team.py `LLMStageTeam`. Everything random is seeded from
 (seed, stage, update): a run killed at any point and resumed from its last checkpoint ends with the same
@@ -25,12 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from teamtr.graphs.capture import describe_error
 from teamtr.graphs.roles import Role
+from teamtr.graphs.run_layout import METRICS_FILE, read_metrics
+from teamtr.graphs.spec import build_team
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.certificate import rank_correlation, stage_certificate_forms
 from teamtr.training.checkpoint import (
+    STAGE_START,
     Checkpoint,
     load_latest_checkpoint,
     rng_state,
@@ -42,10 +49,10 @@ from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import logprob_gap_summary, out_of_sample_summary
 from teamtr.training.distributed import DataParallel
 from teamtr.training.llm_team import LLMStageTeam, RunState
-from teamtr.training.metrics import METRICS_FILE, MetricsLog, read_metrics
+from teamtr.training.metrics import MetricsLog
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
-from teamtr.training.run_dir import RunDir, build_team, model_path
+from teamtr.training.run_dir import RunDir, RunDirError, model_path
 from teamtr.training.stage import run_stage
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
@@ -89,6 +96,8 @@ class Trainer:
             dp.barrier()
         roles = run.roles
         task = run.task()
+        if main:
+            run.base_paths(roles)  # recorded in the run (base_models.json): serving needs no warm build
         torch.manual_seed(cfg.seed)  # LoRA A-matrix initialisation
         engine = self._engine or run.engine("fresh", threads=cfg.torch_threads)
         # rollout.engine: the trainer's, or vLLM (rank 0 only: the others never sample)
@@ -117,8 +126,8 @@ class Trainer:
         if ckpt is not None:
             if main:
                 metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
-            state = RunState(**ckpt.state["run"])
-        team = LLMStageTeam(
+            state = RunState.from_checkpoint(ckpt.state["run"])
+        team = self.stage_team(
             cfg,
             engine,
             roles,
@@ -139,8 +148,8 @@ class Trainer:
 
         evaluate = self._stage_evaluation(roles, engine, task)
         if not state.evals:
-            state.evals.append(evaluate("before stage 0"))
-            metrics.log("eval", state.step, stage=-1, **state.evals[-1])
+            state.evals.append(evaluate("at the start"))
+            metrics.log("eval", state.step, stage=0, **state.evals[-1])  # stage 0: the start
         for stage in range(start_stage, cfg.stages):
             if cfg.max_rollout_tokens is not None and state.train_tokens >= cfg.max_rollout_tokens:
                 break
@@ -150,6 +159,10 @@ class Trainer:
         metrics.close()
         self.engine, self.roles, self.task = engine, roles, task
         return summary
+
+    def stage_team(self, *args: Any, **kwargs: Any) -> LLMStageTeam:
+        """The team the stages drive (a subclass may train on other episodes: training/improve/)."""
+        return LLMStageTeam(*args, **kwargs)
 
     def _stage(
         self, team: LLMStageTeam, role_names: list[str], stage: int, evaluate: Callable[[str], dict[str, Any]]
@@ -161,11 +174,11 @@ class Trainer:
         team.on_update_done = lambda: self._checkpoint(team, stage)
         record = run_stage(team, role_names, cfg.schedule, stage, order_rng)
         state.stage_certificates.append(record.certificate)
-        state.evals.append(evaluate(f"after stage {stage}"))
+        state.evals.append(evaluate(f"after stage {stage + 1}"))
         team.metrics.log(
             "stage",
             state.step,
-            stage=stage,
+            stage=stage + 1,  # stages are numbered from 1 wherever they are shown (training/stage.py)
             order=record.order,
             rollouts=record.rollouts,
             certificate=record.certificate,
@@ -196,9 +209,12 @@ class Trainer:
         def evaluate(label: str) -> dict[str, Any]:
             if not tasks:
                 return {"accuracy": None, "episodes": 0, "tokens": 0}  # per-stage evaluation switched off
-            result = self._on_main(
-                lambda: held_out_return(eval_team, task, tasks, seed=derive_seed(cfg.seed, "eval"))
-            )
+            try:
+                result = self._on_main(
+                    lambda: held_out_return(eval_team, task, tasks, seed=derive_seed(cfg.seed, "eval"))
+                )
+            except Exception as e:  # say which evaluation, and where in the graph (the notes)
+                raise RunDirError(f"held-out evaluation {label!r} failed: {describe_error(e)}") from e
             self.progress.evaluation(label, result)
             return result
 
@@ -231,7 +247,7 @@ class Trainer:
             "metrics_bytes": (self.run_dir / METRICS_FILE).stat().st_size,
         }
         adapters = {a: {k: p.detach() for k, p in pi.params.items()} for a, pi in team.policies.items()}
-        adapters.update({f"stage0/{a}": w for a, w in team.stage_start_weights.items()})
+        adapters.update({f"{STAGE_START[0]}{a}": w for a, w in team.stage_start_weights.items()})
         save_checkpoint(
             self.run_dir,
             team.state.step,
@@ -246,7 +262,7 @@ class Trainer:
 
     def _restore(self, team: LLMStageTeam, ckpt: Checkpoint) -> int:
         for adapter, weights in ckpt.adapters.items():
-            if adapter.startswith("stage0/"):
+            if adapter.startswith(STAGE_START):
                 team.stage_start_weights[adapter.split("/", 1)[1]] = weights
                 continue
             policy = team.policies[adapter]
@@ -261,7 +277,7 @@ class Trainer:
             for k, meta in ckpt.state["batches"].items()
         }
         team.done_updates = list(ckpt.state["updates_done"])
-        team.replay_updates = {(u["stage"], u["index"], u["role"]): u for u in team.done_updates}
+        team.replay_updates = {(u["stage"] - 1, u["index"], u["role"]): u for u in team.done_updates}
         return int(ckpt.state["next_stage"])
 
 
@@ -280,12 +296,15 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "updates": state.step,
         "train_tokens": state.train_tokens,
         "diagnostic_tokens": state.diagnostic_tokens,
-        "monitor_tokens": state.monitor_tokens,
+        "heldout_tokens": state.heldout_tokens,
         "eval_accuracy": [e["accuracy"] for e in state.evals],
         "certificate_rank_correlation": rank_correlation([c for c, _ in measured], [d for _, d in measured]),
         # the paper's "fraction of updates that left the region": first attempt ended with d_hat > delta
         "left_region_fraction": float(np.mean([u["left_region"] for u in updates])) if updates else 0.0,
-        "rejected_fraction": float(np.mean([not u["accepted"] for u in updates])) if updates else 0.0,
+        # refused by the trust region; an update with nothing to learn (no_signal) was not tried
+        "rejected_fraction": (
+            float(np.mean([not u["accepted"] and not u.get("no_signal") for u in updates])) if updates else 0.0
+        ),
         # the same on held-out contexts, after the update: exact KL(pi_cur || pi_new) > delta
         **out_of_sample_summary(updates),
         **logprob_gap_summary(updates),  # engine vs trainer log-probs (vLLM rollouts: every role's turns)

@@ -2,8 +2,8 @@
 
 The trainer keeps its `EmbeddedEngine`: it holds the trainable LoRA parameters and computes every
 log-prob of the update (training/policy.py). The team it rolls out through talks to `VLLMRollouts`
-instead, a `VLLMEngine` (serving/vllm_engine.py) over a server attached at `rollout.vllm_url` or launched
-here for each base model (serving/vllm_server.py; `close()` stops what was launched).
+instead, a `VLLMEngine` (serving/engines/vllm_engine.py) over a server attached at `rollout.vllm_url` or launched
+here for each base model (serving/engines/open.py `open_engine`; `close()` stops what was launched).
 
 Versions: `VLLMEngine` counts its own loads (0 at the first, +1 per in-place reload), which is not the
 trainer's version after a resume, nor on a server that loaded the adapter before. So every push says
@@ -23,28 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
-from teamtr.serving.vllm_engine import VLLMEngine
-from teamtr.serving.vllm_replicas import VLLMReplicaEngine, open_replica_engine
-from teamtr.serving.vllm_server import (
-    VLLMServer,
-    VLLMServerConfig,
-    attach_vllm_server,
-    launch,
-)
-
-# LoRA ranks vLLM accepts for --max-lora-rank
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-class RolloutEngineError(ValueError):
-    """A `rollout.engine: vllm` setting that cannot work (an attach URL for a team on several bases)."""
+from teamtr.serving.engines.open import OpenedEngine
+from teamtr.serving.engines.vllm_engine import VLLMEngine
+from teamtr.serving.engines.vllm_replicas import VLLMReplicaEngine
+from teamtr.serving.engines.vllm_server import VLLMServer
 
 
 @dataclass
 class VLLMRollouts:
     """The Engine the training team samples through in vLLM mode (tokenizer, generate, versions)."""
 
-    engine: VLLMEngine | VLLMReplicaEngine  # one server per base, or several (serving/vllm_replicas.py)
+    engine: VLLMEngine | VLLMReplicaEngine  # one server per base, or several (serving/engines/vllm_replicas.py)
     servers: list[VLLMServer] = field(default_factory=list)  # launched here: stopped by close()
     pushed: dict[tuple[str, str], int] = field(default_factory=dict)  # (base, adapter) -> trainer version
     push_seconds: float = 0.0  # wall time of every push so far
@@ -119,79 +108,4 @@ class VLLMRollouts:
 
     def close(self) -> None:
         """Stop the servers launched for this run (an attached server keeps running)."""
-        self.engine.close()
-        for server in self.servers:
-            server.stop()
-
-
-def serving_lora_rank(rank: int) -> int:
-    """The smallest --max-lora-rank vLLM accepts that holds adapters of `rank` (at least 16)."""
-    return next((r for r in VLLM_LORA_RANKS if r >= max(rank, 16)), rank)
-
-
-def open_vllm_rollouts(
-    bases: Mapping[str, str],
-    *,
-    url: str | None,
-    dtype: str,
-    lora_rank: int,
-    adapters: int,
-    args: list[str] | tuple[str, ...] = (),
-    env: Mapping[str, str] | None = None,
-    urls: list[str] | tuple[str, ...] = (),
-    replicas: int = 1,
-    parallel: tuple[int, int] = (1, 1),
-    devices: list[str] | tuple[str, ...] = (),
-) -> VLLMRollouts:
-    """Attach to the server at `url` (a team on one base), or launch one server per base model with
-    LoRA slots for `adapters` role adapters (+1 for the null adapter the base policy is served through),
-    ranks up to `lora_rank`, the trainer's `dtype` (float32 both sides: log-probs agree to ~1e-5).
-    Several servers (`urls` attached, or `replicas` per base launched, each over (tensor, pipeline)
-    `parallel` GPUs) are spread over by a `VLLMReplicaEngine`; a push then reaches every replica before
-    the next rollout (serving/vllm_replicas.py)."""
-    if urls or replicas > 1 or parallel != (1, 1):
-        if url is not None:
-            raise RolloutEngineError("give rollout.vllm_url (one server) or rollout.vllm_urls (replicas), not both")
-        try:
-            engine, launched = open_replica_engine(
-                bases,
-                urls=urls,
-                replicas=replicas,
-                tensor_parallel_size=parallel[0],
-                pipeline_parallel_size=parallel[1],
-                max_lora_rank=serving_lora_rank(lora_rank),
-                max_loras=max(8, adapters + 1),
-                dtype=dtype,
-                extra_args=args,
-                extra_env=env,
-                devices=devices,
-            )
-        except ValueError as e:
-            raise RolloutEngineError(str(e)) from None
-        return VLLMRollouts(engine, servers=launched)
-    if url is not None:
-        if len(bases) != 1:
-            raise RolloutEngineError(
-                f"rollout.vllm_url attaches one server, but the team sits on {len(bases)} bases "
-                f"{sorted(bases)}; leave rollout.vllm_url unset to launch one server per base"
-            )
-        ((name, path),) = bases.items()
-        return VLLMRollouts(VLLMEngine({name: attach_vllm_server(url, model_dir=path)}))
-    servers: dict[str, VLLMServer] = {}
-    try:
-        for name, path in bases.items():
-            servers[name] = launch(
-                VLLMServerConfig(
-                    model_dir=path,
-                    dtype=dtype,
-                    max_lora_rank=serving_lora_rank(lora_rank),
-                    max_loras=max(8, adapters + 1),
-                    extra_args=tuple(args),
-                    extra_env=dict(env or {}),
-                )
-            )
-    except BaseException:
-        for server in servers.values():
-            server.stop()
-        raise
-    return VLLMRollouts(VLLMEngine(servers), servers=list(servers.values()))
+        OpenedEngine(self.engine, self.servers).close()

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 
 
 @dataclass

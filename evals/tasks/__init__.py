@@ -8,6 +8,7 @@ from teamtr.evals.tasks.blocksworld import Blocksworld
 from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.evals.tasks.convention import ConventionChain
 from teamtr.evals.tasks.countdown import Countdown
+from teamtr.evals.tasks.relay import BlindRelay
 from teamtr.evals.tasks.split import Split
 from teamtr.evals.tasks.zebra import Zebra
 from teamtr.graphs.task import TaskFamily
@@ -21,6 +22,7 @@ _FAMILIES: dict[str, type] = {
     Blocksworld.name: Blocksworld,
     Arbench.name: Arbench,
     Split.name: Split,
+    BlindRelay.name: BlindRelay,
 }
 
 

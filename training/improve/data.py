@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from teamtr.graphs.loading import load_function
 from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.graphs.trajectory import prompt_group
 from teamtr.serving.protocol import ServedEpisode
-from teamtr.serving.tracing import prompt_group
-from teamtr.training.user_graph import load_function
 
 RewardFn = Callable[[str, str], float]  # (prompt, response) -> reward
 

@@ -1,9 +1,11 @@
 """The gate a candidate team passes before any live episode sees it.
 
     accuracy   both teams answer the same held-out recent prompts as served (greedy, or sampled at the
-               served temperature with several episodes per prompt); the paired
-               bootstrap of the per-prompt difference (candidate - incumbent) puts its lower
-               `confidence` bound at or above -margin: not worse than the incumbent beyond the margin
+               served temperature with several episodes per prompt), scored by the gate's judge
+               (judge.py: by default not the training reward); the lower `confidence` bound of the
+               mean per-prompt difference (candidate - incumbent; stats.py, valid for bounded rewards
+               without approximation) must be above 0: the candidate is better (superiority, the
+               default), or, only when `non_inferiority` is given, above -non_inferiority
     KL         for every changed role, KL(incumbent || candidate) on the incumbent team's own samples at
                the training temperature (k3 estimator, summed over a message, averaged over messages:
                what the trust region bounds, training/losses.py) is within `kl_limit`
@@ -25,8 +27,10 @@ import torch
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.open import open_engine
 from teamtr.training.improve.data import ServedTasks
+from teamtr.training.improve.stats import confidence_sequence, test_name
 from teamtr.training.run_dir import RunDir
 
 INCUMBENT_SUFFIX = "~incumbent"
@@ -34,9 +38,9 @@ INCUMBENT_SUFFIX = "~incumbent"
 
 @dataclass
 class GateConfig:
-    margin: float = 0.05  # the candidate may be at most this much worse in mean reward ...
-    confidence: float = 0.9  # ... at this one-sided confidence (paired bootstrap)
-    bootstrap: int = 2000
+    confidence: float = 0.95  # one-sided: a not-better candidate passes with probability <= 5%
+    non_inferiority: float | None = None  # a margin: pass when not worse by more (explicit only)
+    reward_range: tuple[float, float] = (0.0, 1.0)  # the judge's rewards lie here (the bound needs it)
     kl_limit: float | None = None  # per role; None: the trainer's delta times its stages
     kl_episodes: int = 2  # incumbent episodes per held-out prompt to measure the KL on
     seed: int = 0
@@ -53,7 +57,9 @@ class GateResult:
     incumbent_reward: float
     candidate_reward: float
     difference: float  # mean(candidate - incumbent)
-    lower_bound: float  # its bootstrap lower bound at the confidence
+    lower_bound: float  # its lower bound at the confidence (stats.py)
+    test: str  # superiority | non-inferiority (margin)
+    judge: str
     kl: dict[str, float]  # role -> measured KL(incumbent || candidate)
     kl_limit: float
     prompts: int
@@ -61,18 +67,6 @@ class GateResult:
 
     def figures(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def paired_bootstrap_lower_bound(
-    differences: list[float], confidence: float, samples: int, seed: int
-) -> tuple[float, float]:
-    """(mean difference, the lower `confidence` quantile of the mean over prompt resamples)."""
-    d = np.asarray(differences, dtype=np.float64)
-    if d.size == 0:
-        raise ValueError("no held-out prompts to compare on")
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1)
-    return float(d.mean()), float(np.quantile(means, 1.0 - confidence))
 
 
 def _roles(roles: list[Role], suffix: str) -> list[Role]:
@@ -83,8 +77,8 @@ def gate_engine(
     served: RunDir, incumbent: dict[str, tuple[int, str]], candidate: dict[str, Path], threads: int
 ):
     """An engine with the incumbent's versions under `<adapter>~incumbent` and the candidate's (its new
-    versions, the incumbent's elsewhere) under `<adapter>`."""
-    engine = EmbeddedEngine(served.base_paths(), lora=served.lora(), threads=threads)
+    versions, the incumbent's elsewhere) under `<adapter>`, on the run's device and dtype."""
+    engine = open_engine(served.engine_spec(served.base_paths(), threads=threads)).engine
     for role in served.roles:
         if role.adapter is None or role.adapter not in incumbent:
             continue
@@ -124,6 +118,7 @@ def run_gate(
     kl_limit: float,
     threads: int = 1,
     certificate: dict[str, Any] | None = None,
+    judge: str = "",
 ) -> GateResult:
     engine = gate_engine(served, incumbent, candidate, threads)
     roles = served.roles
@@ -140,7 +135,11 @@ def run_gate(
         for i in range(len(instances))
     ]
     diff = [float(d) for d in per_prompt]
-    mean_diff, lower = paired_bootstrap_lower_bound(diff, cfg.confidence, cfg.bootstrap, cfg.seed)
+    lo, hi = cfg.reward_range
+    bound = confidence_sequence(diff, lo - hi, hi - lo, alpha=1 - cfg.confidence, sides=1, horizon=len(diff))
+    mean_diff, lower = bound.mean, bound.lower
+    margin = cfg.non_inferiority or 0.0
+    test = test_name(cfg.non_inferiority)
     sampled_team = served.team(_roles(roles, INCUMBENT_SUFFIX), engine, temperature=temperature, name="kl")
     samples = sampled_team.run(instances, group_size=cfg.kl_episodes, seed=cfg.seed + 1)
     kl = {
@@ -149,10 +148,10 @@ def run_gate(
         if r.adapter in candidate
     }
     reasons = []
-    if lower < -cfg.margin:
+    if not lower > -margin:
         reasons.append(
-            f"held-out reward difference {mean_diff:+.3f}, lower {cfg.confidence:.0%} bound {lower:+.3f} "
-            f"is below -margin {-cfg.margin:+.3f}"
+            f"held-out reward difference {mean_diff:+.3f} over {len(diff)} prompts, lower "
+            f"{cfg.confidence:.0%} bound {lower:+.3f}, is not above {0.0 - margin:+.3f} ({test})"
         )
     for role, value in kl.items():
         if not np.isfinite(value) or value > kl_limit:
@@ -162,11 +161,16 @@ def run_gate(
     return GateResult(
         passed=not reasons,
         reasons=reasons
-        or ["not worse than the incumbent beyond the margin; every role within its trust region"],
+        or [
+            f"held-out reward difference {mean_diff:+.3f}, lower {cfg.confidence:.0%} bound {lower:+.3f} "
+            f"> {0.0 - margin:+.3f} ({test}, judge {judge}); every role within its trust region"
+        ],
         incumbent_reward=float(np.mean([t.reward for t in inc])),
         candidate_reward=float(np.mean([t.reward for t in cand])),
         difference=mean_diff,
         lower_bound=lower,
+        test=test,
+        judge=judge,
         kl=kl,
         kl_limit=kl_limit,
         prompts=len(held_out),

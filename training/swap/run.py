@@ -24,13 +24,14 @@ import torch
 
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role, with_temperature
+from teamtr.graphs.run_layout import adapter_dir
 from teamtr.graphs.team import derive_seed
-from teamtr.serving.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.certificate import certificate_constant
 from teamtr.training.checkpoint import (
     CHECKPOINTS,
+    STAGE_START,
     Checkpoint,
-    adapter_dir,
     load_latest_checkpoint,
     save_checkpoint,
     save_peft_adapter,
@@ -82,7 +83,7 @@ def load_run(run_dir: Path) -> tuple[RunDir, Checkpoint]:
         raise ValueError(f"{run_dir} has no checkpoint yet: train at least one stage before a swap")
     if ckpt.state["updates_done"] or ckpt.state["batches"]:
         raise ValueError(
-            f"{run_dir} stopped in the middle of stage {ckpt.state['next_stage']}: resume it with "
+            f"{run_dir} stopped in the middle of stage {ckpt.state['next_stage'] + 1}: resume it with "
             "`teamtr train` to the end of a stage, then swap"
         )
     return run, ckpt
@@ -226,13 +227,13 @@ def swap_role(run_dir: str | Path, cfg: SwapConfig, progress: SwapProgress | Non
         },
     )
     step = int(run_state["step"])
-    metrics.log("swap", step, stage=int(state["next_stage"]) - 1, **result.to_dict())
-    metrics.log("eval", step, stage=int(state["next_stage"]) - 1, label="after swap", **after)
+    metrics.log("swap", step, stage=int(state["next_stage"]), **result.to_dict())  # after that many stages
+    metrics.log("eval", step, stage=int(state["next_stage"]), label="after swap", **after)
     metrics.close()
     state["run"] = run_state
     state["versions"] = {**state["versions"], role.adapter: new_version}
     state["metrics_bytes"] = (out / METRICS_FILE).stat().st_size
-    adapters = {a: w for a, w in ckpt.adapters.items() if not a.startswith("stage0/") and a != role.adapter}
+    adapters = {a: w for a, w in ckpt.adapters.items() if not a.startswith(STAGE_START) and a != role.adapter}
     adapters[role.adapter] = engine.snapshot_adapter(role.adapter, base_name)
     optimizers = {a: o for a, o in ckpt.optimizers.items() if a != role.adapter}  # the newcomer's: fresh
     shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)

@@ -243,36 +243,39 @@ def convention_instance(
     del rng
     if n_agents < 1 or rounds < 1 or conventions < 2 or not 0.0 <= legibility <= 1.0:
         raise ValueError("need n_agents >= 1, rounds >= 1, conventions >= 2, legibility in [0, 1]")
-    C, horizon = conventions, rounds * n_agents
+    speakers = [t % n_agents for t in range(rounds * n_agents)]
+    return offset_team(n_agents, speakers, conventions, legibility, gamma, "convention")
+
+
+def offset_team(
+    n_agents: int, speakers: list[int], values: int, legibility: float, gamma: float, name: str
+) -> TeamInstance:
+    """The team of `convention_instance` and `relay_instance`: the context is an offset o in Z_values
+    from where the episode started, message m moves it to o + m, the next speaker (speakers[t] at turn
+    t) reads o with probability `legibility` (else one observation for every o), reward 1 iff the
+    episode ends at offset 0. Turn 0 has one context; turn t >= 1: o (legible) and V + o (not)."""
+    V = values
 
     def arrive(offset: int) -> np.ndarray:  # the next context: offset, legible with prob. `legibility`
-        row = np.zeros(2 * C)
-        row[offset % C] = legibility
-        row[C + offset % C] = 1.0 - legibility
+        row = np.zeros(2 * V)
+        row[offset % V] = legibility
+        row[V + offset % V] = 1.0 - legibility
         return row
 
-    transitions = [np.stack([arrive(m) for m in range(C)])[None]]  # (1, C, 2C)
-    for _t in range(1, horizon):
-        P = np.zeros((2 * C, C, 2 * C))
-        for o in range(C):
-            for m in range(C):
-                P[o, m] = P[C + o, m] = arrive(o + m)
+    transitions = [np.stack([arrive(m) for m in range(V)])[None]]  # (1, V, 2V)
+    for _t in range(1, len(speakers)):
+        P = np.zeros((2 * V, V, 2 * V))
+        for o in range(V):
+            for m in range(V):
+                P[o, m] = P[V + o, m] = arrive(o + m)
         transitions.append(P)
-    router = [np.full(P.shape[0], t % n_agents) for t, P in enumerate(transitions)]
-    reads = np.concatenate([np.arange(C), np.full(C, C)])
-    observation = [np.zeros(1, dtype=int)] + [reads.copy() for _ in range(1, horizon)]
-    reward = np.zeros(2 * C)
-    reward[[0, C]] = 1.0
+    router = [np.full(P.shape[0], speakers[t]) for t, P in enumerate(transitions)]
+    reads = np.concatenate([np.arange(V), np.full(V, V)])
+    observation = [np.zeros(1, dtype=int)] + [reads.copy() for _ in range(1, len(speakers))]
+    reward = np.zeros(2 * V)
+    reward[[0, V]] = 1.0
     return TeamInstance(
-        n_agents,
-        C,
-        np.ones(1),
-        transitions,
-        router,
-        reward,
-        gamma,
-        name="convention",
-        observation=observation,
+        n_agents, V, np.ones(1), transitions, router, reward, gamma, name=name, observation=observation
     )
 
 
@@ -297,5 +300,79 @@ def convention_warm_logits(
                 z[o] = noise * rng.standard_normal(C)
                 z[o, (-o) % C] += competence
         z[route == 0, 1] += slip
+        logits.append(z)
+    return instance.tie(logits)
+
+
+def relay_speakers(n_agents: int, rounds: int = 2) -> list[int]:
+    """Who speaks at each turn of the blind relay: agent 0 once (it holds the value), then agents
+    1..n-1 round-robin for `rounds` rounds (evals/tasks/relay.py `RelayOrder`)."""
+    if n_agents < 2 or rounds < 1:
+        raise ValueError("the relay needs n_agents >= 2 and rounds >= 1")
+    return [0] + [1 + k % (n_agents - 1) for k in range(rounds * (n_agents - 1))]
+
+
+def relay_instance(
+    n_agents: int,
+    rng: np.random.Generator | None = None,
+    rounds: int = 2,
+    values: int = 10,
+    legibility: float = 0.0,
+    gamma: float = 1.0,
+) -> TeamInstance:
+    """The exact twin of the LLM `relay` task (evals/tasks/relay.py): a blind relay of one value.
+
+    Agent 0 sees the private input (the value) and writes it, or its typical slip, once; then agents
+    1..n-1 take `rounds` turns each, round-robin, each seeing only the transcript and writing the value
+    it believes: a copy, or a correction. A message is a shift m in Z_`values` of the value written so
+    far (the context is its offset o from the true value). A later agent reads o with probability
+    `legibility` (the LLM task's knob: that role also sees the private input), otherwise it has one
+    observation for every o, as in `convention_instance` (two corrections of one slip are a new error).
+    Reward 1 iff the episode ends at offset 0.
+
+    Legibility is drawn per turn here and per role and episode in the LLM task (a role's view is its
+    system prompt, the same in both its turns): the two agree exactly at legibility 0 and 1.
+    """
+    del rng
+    if values < 2 or not 0.0 <= legibility <= 1.0:
+        raise ValueError("need values >= 2 and legibility in [0, 1]")
+    return offset_team(n_agents, relay_speakers(n_agents, rounds), values, legibility, gamma, "relay")
+
+
+def relay_warm_logits(
+    instance: TeamInstance,
+    rng: np.random.Generator,
+    slip: float = 0.6,
+    correction: float = 0.05,
+    stray: float = 0.02,
+    noise: float = 0.0,
+    first_stray: float | None = None,
+) -> list[np.ndarray]:
+    """The warm start of `relay_instance`, as the LLM warm start's demonstrations are drawn
+    (evals/tasks/relay.py `demonstration`): agent 0 writes the true value with probability 1 - slip and
+    its slip (true + 1) otherwise; a blind agent copies with probability 1 - correction
+    and corrects the typical slip (value - 1) otherwise; an agent that reads the offset writes the true
+    value. `stray` of the mass is spread over every other message (what SFT leaves there; agent 0's
+    own `first_stray`, default `stray`), and N(0, noise^2) is added to the logits. Logits are tied per
+    observation."""
+    V = instance.n_messages
+
+    def logits_of(p: dict[int, float], lost: float = stray) -> np.ndarray:
+        probs = np.full(V, lost / max(V - len(p), 1))
+        for m, q in p.items():
+            probs[m % V] = q * (1.0 - lost)
+        return np.log(probs) + noise * rng.standard_normal(V)
+
+    logits = []
+    for t, route in enumerate(instance.router):
+        z = np.zeros((len(route), V))
+        for s, agent in enumerate(route):
+            legible, o = (s < V, s % V) if t > 0 else (True, 0)
+            if agent == 0:
+                z[s] = logits_of({-o: 1.0 - slip, 1 - o: slip}, stray if first_stray is None else first_stray)
+            elif legible:
+                z[s] = logits_of({-o: 1.0})
+            else:
+                z[s] = logits_of({0: 1.0 - correction, -1: correction})
         logits.append(z)
     return instance.tie(logits)

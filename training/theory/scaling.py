@@ -37,19 +37,23 @@ from teamtr.training.theory.env import (
     chain_warm_logits,
     convention_instance,
     convention_warm_logits,
+    relay_instance,
+    relay_warm_logits,
 )
 from teamtr.training.theory.exact import Logits
 from teamtr.training.theory.team import TabularTeam, train
 
 SCHEDULES: tuple[ScheduleKind, ...] = ("naive", "teamtr", "joint", "importance_weighting")
-FAMILIES = ("chain", "convention")
+FAMILIES = ("chain", "convention", "relay")
 FITTED_METRICS = ("stale_gap", "occupancy_divergence")
 
 
 @dataclass
 class ScalingConfig:
     agents: list[int] = field(default_factory=lambda: list(range(2, 9)))  # n = 2..8, as in the paper
-    family: str = "chain"  # chain: a dominant best message per turn; convention: it depends on the team
+    # chain: a dominant best message per turn; convention: it depends on the team; relay: the twin of the
+    # LLM blind relay (evals/tasks/relay.py): only agent 0 holds the value, the others copy or correct
+    family: str = "chain"
     seeds: int = 5
     stages: int = 3  # K
     delta: float = 0.01  # per-message KL radius (the paper's default)
@@ -58,9 +62,14 @@ class ScalingConfig:
     flavours: int = 2
     competence: float = 4.0  # warm start: logit bonus of the message that keeps the chain intact
     conventions: int = 3  # convention family: conventions C (the offset lives in Z_C)
-    legibility: float = 0.0  # convention family: probability that a role can read the offset
+    legibility: float = 0.0  # convention / relay: probability that a role can read the offset
     slip: float = 4.0  # convention family: agent 0's logit bonus on switching (~half the time at 4)
     noise: float = 0.5  # std of the random initial logits
+    relay_values: int = 10  # relay: the value is a digit
+    relay_slip: float = 0.6  # relay: agent 0's probability of writing true + 1
+    relay_correction: float = 0.3  # relay: blind agents' corrections (value - 1) per episode, in total
+    relay_stray: float = 0.02  # relay: probability mass per turn on every other message
+    relay_first_stray: float | None = None  # relay: agent 0's (None: relay_stray)
     iw_agents: int = 5  # the importance-weighting ablation's team size (paper: n = 5)
     iw_deltas: list[float] = field(default_factory=lambda: [0.01, 0.1, 0.5])
     iw_competence: float = 0.0  # the ablation starts from a cold team: updates move probability a lot
@@ -96,6 +105,13 @@ def _stage_gap(stage: StageRecord) -> float:
 def make_team(cfg: ScalingConfig, n: int, seed: int, competence: float) -> tuple[TeamInstance, Logits]:
     """The (n, seed) team of cfg.family and its warm start: the same for every schedule."""
     rng = np.random.default_rng([n, seed])
+    if cfg.family == "relay":
+        instance = relay_instance(n, rounds=cfg.rounds, values=cfg.relay_values, legibility=cfg.legibility)
+        per_turn = cfg.relay_correction / (cfg.rounds * (n - 1))  # as evals/tasks/relay.py draws them
+        logits = relay_warm_logits(
+            instance, rng, cfg.relay_slip, per_turn, cfg.relay_stray, cfg.noise, cfg.relay_first_stray
+        )
+        return instance, logits
     if cfg.family == "convention":
         instance = convention_instance(
             n, rng, rounds=cfg.rounds, conventions=cfg.conventions, legibility=cfg.legibility

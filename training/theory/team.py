@@ -114,7 +114,7 @@ class TabularTeam:
         return self._evaluation
 
     # --- StageTeam protocol -------------------------------------------------------------------
-    def rollout(self, stage: int, index: int) -> ExactBatch:
+    def rollout(self, stage: int, index: int, trains: bool = True) -> ExactBatch:
         return ExactBatch(logits=_copy(self.logits), evaluation=self.evaluation())
 
     def resample_suffix(self, stage: int, index: int, previous: ExactBatch, updated: list[str]) -> ExactBatch:

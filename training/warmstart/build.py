@@ -29,7 +29,8 @@ from teamtr.training.tiny_models import build_char_tokenizer, new_model, save_mo
 from teamtr.training.warmstart.config import WarmStartConfig
 from teamtr.training.warmstart.data import completion_loss, training_batches
 from teamtr.training.warmstart.evaluate import evaluate_team, sampled_eval
-from teamtr.training.warmstart.report import WarmStartReport, write_report_files
+from teamtr.training.warmstart.report import WarmStartReport, write_report, write_report_files
+from teamtr.training.warmstart.shipped import build_environment, warn_if_not_shipped
 from teamtr.training.warmstart.teams import warm_team
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,12 @@ def _build(cfg: WarmStartConfig, out_dir: Path, progress: bool) -> WarmStartRepo
         rollbacks=rollbacks,
         threads=torch.get_num_threads(),
         history=history,
+        environment=build_environment(),
     )
     write_report_files(report, out_dir)
+    report.differs_from_shipped = warn_if_not_shipped(cfg, out_dir)
+    if report.differs_from_shipped:
+        write_report(report, out_dir)  # the report is not among the hashed files
     if not report.in_band:
         log.warning("warm start ended outside the band %s: %s", cfg.band, report.summary())
     return report

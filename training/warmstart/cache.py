@@ -9,10 +9,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from teamtr.serving.models import cache_root
+from teamtr.serving.engines.models import cache_root
 from teamtr.training.warmstart.build import build_warm_model
 from teamtr.training.warmstart.config import WarmStartConfig
 from teamtr.training.warmstart.report import REPORT_FILE, load_report, sha256, write_report
+from teamtr.training.warmstart.shipped import shipped_model
 
 
 def is_complete(path: Path) -> bool:
@@ -24,13 +25,18 @@ def is_complete(path: Path) -> bool:
         return False
 
 
-def ensure_warm_model(cfg: WarmStartConfig | None = None, progress: bool = True) -> Path:
-    """The cached warm-started model for `cfg` (built on first use, rebuilt when missing or damaged).
+def ensure_warm_model(cfg: WarmStartConfig | None = None, progress: bool = True, build: bool = False) -> Path:
+    """The model shipped in the package for `cfg` (the same weights on every machine: shipped.py), else
+    the cached warm-started model for `cfg` (built on first use, rebuilt when missing or damaged);
+    `build=True` builds (or reuses the cached build) even when a model is shipped.
 
     A lock file makes later processes wait for the first build, and a build is written to a temporary
     folder that is renamed into place only when complete.
     """
     cfg = cfg or WarmStartConfig()
+    shipped = None if build else shipped_model(cfg)
+    if shipped is not None:
+        return shipped
     root = cache_root() / "models"
     final = root / f"{cfg.task}-warm-{cfg.cache_key()}"
     if is_complete(final):

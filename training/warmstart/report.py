@@ -36,6 +36,11 @@ class WarmStartReport:
     threads: int  # torch threads used
     history: list[dict] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256, checked by the cache
+    # the CPU code path and library versions of the build (shipped.build_environment): the weights'
+    # last bits depend on them, so two machines' builds of one config can differ
+    environment: dict = field(default_factory=dict)
+    # set when a model is shipped for this config and this build's weights differ from it
+    differs_from_shipped: str | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -49,10 +54,13 @@ class WarmStartReport:
 
     def summary(self) -> str:
         steps = ", ".join(f"{a:.0%}" for a in self.greedy.step_accuracy)
+        weights = self.files.get("model.safetensors", "")[:12]
         return (
             f"warm start: {self.seconds:.0f} s ({self.optimizer_steps} steps); greedy team accuracy "
             f"{self.greedy.team_accuracy:.1%} (per role {steps}), sampled {self.sampled.team_accuracy:.1%}, "
-            f"pass@{self.k} {self.pass_at_k:.1%}; {'in' if self.in_band else 'OUTSIDE'} the target band"
+            f"pass@{self.k} {self.pass_at_k:.1%}; {'in' if self.in_band else 'OUTSIDE'} the target band; "
+            f"weights sha256 {weights} (cpu {self.environment.get('cpu_capability', '?')})"
+            + (f"\nWARNING: {self.differs_from_shipped}" if self.differs_from_shipped else "")
         )
 
 

@@ -19,7 +19,7 @@ from teamtr.evals.tasks import get_task
 from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.evals.tasks.convention import ConventionChain
 from teamtr.graphs.chain_team import chain_roles
-from teamtr.graphs.roles import Role
+from teamtr.graphs.roles import Role, with_view
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.training.warmstart.config import WarmStartConfig
 
@@ -88,6 +88,26 @@ class ConventionTeam(WarmTeam):
         return undecided and message == ConventionChain.alternative(instance, index)
 
 
+class RelayTeam(WarmTeam):
+    """Generic solvers on `relay`, one entry per turn (the first role once, then the others for two
+    rounds: evals/tasks/relay.py `speakers`), each with its private view; demonstrated the instance's
+    drawn message of that turn (slips and corrections included, at the rates the family sets)."""
+
+    def __init__(self, family: TaskFamily, roles: list[Role]) -> None:
+        from teamtr.evals.tasks.relay import speakers
+
+        self.family, self.team_roles = family, roles
+        self.turns = speakers(len(roles))
+        self.roles = [roles[k] for k in self.turns]
+
+    def roles_for(self, instance: TaskInstance) -> list[Role]:
+        views = instance.meta["role_views"]
+        return [with_view(self.team_roles[k], views[k]) for k in self.turns]
+
+    def message_ok(self, instance: TaskInstance, index: int, message: str) -> bool:
+        return message == self.demonstration(instance, index)
+
+
 def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
     """The task family and the team that `cfg` trains (the team `teamtr eval` runs for that family)."""
     if cfg.task == "chain":
@@ -98,6 +118,8 @@ def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
     family = get_task(cfg.task, **cfg.task_options)
     if cfg.task == "convention":
         return family, ConventionTeam(family, default_roles(cfg.task, cfg.steps))
+    if cfg.task == "relay":
+        return family, RelayTeam(family, default_roles(cfg.task, cfg.steps))
     return family, WarmTeam(family, default_roles(cfg.task, cfg.steps))
 
 

@@ -1,0 +1,252 @@
+"""The blind-relay study's report (docs/study.md, benchmarks/results/relay_study/preregistration.md), from
+its cells: per (n, l, delta) the paired TeamTR - naive and TeamTR - sequential GRPO gaps in T = 1 return
+(the primary endpoint), their paired-t 95% intervals over seeds, the lab's prediction at the radius
+nearest the cell's measured delta_eff, whether the cell matches it, and the preregistered decision rule
+with its lab-matched reading; cells not yet run leave the rule "pending".
+
+    .venv/bin/python benchmarks/relay_report.py [--out benchmarks/results/relay_study/main]
+
+writes report.md, summary.json, gap_vs_n.png (measured gap and interval beside the predicted point and
+band) and curves.png (T = 1 return before and after each stage, per arm, mean over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay_study import ARMS, RelayStudyConfig, seeds_of, setting_key, settings  # noqa: E402
+from team_size_study import read_cells  # noqa: E402
+
+COMPARED = ("naive", "sequential_grpo")  # TeamTR minus each
+
+
+def paired_t(diffs: list[float]) -> dict[str, Any]:
+    """Mean of paired differences and its two-sided 95% t interval (None with fewer than 2 seeds)."""
+    d = np.asarray(diffs, dtype=float)
+    out: dict[str, Any] = {
+        "mean": float(d.mean()) if len(d) else None,
+        "seeds": len(d),
+        "per_seed": d.tolist(),
+    }
+    if len(d) >= 2:
+        half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+        out["ci95"] = [out["mean"] - half, out["mean"] + half]
+    else:
+        out["ci95"] = None
+    return out
+
+
+def update_deltas(done: list[dict[str, Any]]) -> list[float]:
+    """Every update's delta_eff (out-of-sample KL per message) over the cells."""
+    return [x for c in done for x in c["delta_eff"] if x is not None]
+
+
+def nearest_prediction(warm: dict[str, Any], delta_eff: float) -> dict[str, Any]:
+    """The warm cell's lab prediction at the radius nearest the measured delta_eff (preregistration,
+    pilot part 5: cells are read by their delta_eff)."""
+    return min(warm["lab_prediction"], key=lambda p: abs(p["delta"] - delta_eff))
+
+
+def analyse(cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for delta in cfg.deltas:
+        for n, legibility in settings(cfg):
+            planned = seeds_of(cfg, legibility, delta, n)
+            if planned == 0:
+                continue
+            key = setting_key(n, legibility, delta)
+            warm = cells.get(f"n{n}/l{legibility:g}/warm")
+            by_arm = {a: [cells.get(f"{key}/seed{s}/{a}") for s in range(planned)] for a in ARMS}
+            complete = [s for s in range(planned) if all(by_arm[a][s] for a in ARMS)]
+            row: dict[str, Any] = {
+                "setting": key, "n": n, "legibility": legibility, "delta": delta,
+                "seeds_planned": planned, "seeds_done": len(complete),
+                "warm": warm["accuracy_t1"] if warm else None,
+            }  # fmt: skip
+            for arm in ARMS:
+                done = [c for c in by_arm[arm] if c]
+                deltas = update_deltas(done)
+                row[arm] = {
+                    "accuracy_t1": [c["accuracy_t1"] for c in done],
+                    "curve_t1": [c.get("curve_t1") for c in done],
+                    "delta_eff_mean": float(np.mean(deltas)) if deltas else None,
+                    "rejected_fraction": [c["rejected_fraction"] for c in done],
+                    # updates whose out-of-sample KL exceeds the radius they were held to in-sample
+                    "beyond_delta": sum(x > delta for x in deltas) / len(deltas) if deltas else None,
+                }
+            for other in COMPARED:
+                row[f"teamtr_minus_{other}"] = paired_t(
+                    [by_arm["teamtr"][s]["accuracy_t1"] - by_arm[other][s]["accuracy_t1"] for s in complete]
+                )
+            if warm and row["teamtr"]["delta_eff_mean"] is not None:
+                pred = nearest_prediction(warm, row["teamtr"]["delta_eff_mean"])
+                row["prediction"] = {"radius": pred["delta"], "gap": pred["gap"], "band": pred["band"]}
+                gap = row["teamtr_minus_naive"]
+                if gap["ci95"] is not None:
+                    lo, hi = gap["ci95"]
+                    band_lo, band_hi = pred["band"]
+                    row["matches"] = lo <= pred["gap"] <= hi or (lo <= band_hi and band_lo <= hi)
+                    row["excludes_prediction"] = not lo <= pred["gap"] <= hi
+            # not preregistered, reported beside it: did TeamTR's training raise the team at all?
+            row["teamtr_above_warm"] = (
+                [a > row["warm"] for a in row["teamtr"]["accuracy_t1"]]
+                if row["warm"] is not None and row["teamtr"]["accuracy_t1"]
+                else None
+            )
+            rows.append(row)
+    return rows
+
+
+def includes_zero(ci: list[float] | None) -> bool | None:
+    return None if ci is None else ci[0] <= 0 <= ci[1]
+
+
+def decide(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The preregistered rule and its lab-matched reading (preregistration.md, "Decision rule"), each as
+    soon as the cells it needs say enough: "supported" is out once a needed cell's interval fails it,
+    whatever the cells still missing show."""
+    by = {r["setting"]: r for r in rows}
+
+    def done(key: str) -> dict[str, Any] | None:
+        r = by.get(key)
+        return r if r and r["seeds_done"] == r["seeds_planned"] else None
+
+    def excludes_0_upwards(r: dict[str, Any]) -> bool:
+        return r["teamtr_minus_naive"]["ci95"][0] > 0
+
+    big = [done(f"n{n}/l0/d0.3") for n in (4, 6)]
+    control = done("n4/l1/d0.3")
+    rule = "pending"
+    if all(big):
+        if all(includes_zero(r["teamtr_minus_naive"]["ci95"]) and r.get("excludes_prediction") for r in big):
+            rule = "refuted"
+        elif not all(excludes_0_upwards(r) for r in big):
+            rule = "inconclusive"  # neither refuted nor, whatever the control shows, supported
+        elif control:
+            grows = big[1]["teamtr_minus_naive"]["mean"] > big[0]["teamtr_minus_naive"]["mean"]
+            flat = includes_zero(control["teamtr_minus_naive"]["ci95"])
+            rule = "supported" if grows and flat else "inconclusive"
+        else:
+            rule = "pending (the l = 1 control)"
+    lab = [done(f"n{n}/l0/d0.3") for n in (2, 4, 6)]
+    reading = "pending"
+    if any(r and not excludes_0_upwards(r) for r in lab):
+        reading = "not supported"
+    elif all(lab) and control:
+        reading = "supported" if includes_zero(control["teamtr_minus_naive"]["ci95"]) else "not supported"
+    return {"rule": rule, "lab_matched_reading": reading}
+
+
+def points(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}"
+
+
+def table_markdown(rows: list[dict[str, Any]], decision: dict[str, str]) -> str:
+    lines = [
+        "| setting | seeds | warm | TeamTR / naive / GRPO (T = 1) | TeamTR - naive [95%] | TeamTR - GRPO [95%] "
+        "| delta_eff (TeamTR) | updates beyond delta (TeamTR / naive / GRPO) | predicted (radius) [band] "
+        "| matches | TeamTR above warm |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        arms = " / ".join(f"{np.mean(r[a]['accuracy_t1']):.3f}" if r[a]["accuracy_t1"] else "-" for a in ARMS)
+        gaps = []
+        for other in COMPARED:
+            g = r[f"teamtr_minus_{other}"]
+            ci = g["ci95"]
+            gaps.append(
+                f"{points(g['mean'])} [{points(ci[0])}, {points(ci[1])}]" if ci else points(g["mean"])
+            )
+        pred = r.get("prediction")
+        pred_text = (
+            f"{points(pred['gap'])} ({pred['radius']:g}) [{points(pred['band'][0])}, {points(pred['band'][1])}]"
+            if pred
+            else "-"
+        )
+        d_eff = r["teamtr"]["delta_eff_mean"]
+        above = r["teamtr_above_warm"]
+        warm = "-" if r["warm"] is None else f"{r['warm']:.3f}"
+        shares = " / ".join(
+            "-" if r[a]["beyond_delta"] is None else f"{r[a]['beyond_delta']:.0%}" for a in ARMS
+        )
+        lines.append(
+            f"| {r['setting']} | {r['seeds_done']}/{r['seeds_planned']} | "
+            f"{warm} | {arms} | "
+            f"{gaps[0]} | {gaps[1]} | {'-' if d_eff is None else f'{d_eff:.3f}'} | {shares} | {pred_text} | "
+            f"{'-' if 'matches' not in r else ('yes' if r['matches'] else 'no')} | "
+            f"{'-' if above is None else f'{sum(above)} of {len(above)}'} |"
+        )
+    lines += [
+        "",
+        f"Decision rule: **{decision['rule']}**; lab-matched reading: **{decision['lab_matched_reading']}**.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, delta in zip(axes, (0.3, 0.05), strict=True):
+        mine = [r for r in rows if r["delta"] == delta and r["legibility"] == 0.0 and r["seeds_done"]]
+        for r in mine:
+            g = r["teamtr_minus_naive"]
+            err = None if g["ci95"] is None else [[g["mean"] - g["ci95"][0]], [g["ci95"][1] - g["mean"]]]
+            ax.errorbar(r["n"], 100 * g["mean"], yerr=None if err is None else 100 * np.array(err), fmt="o",
+                        color="C0", capsize=4, label="measured (95% CI)" if r is mine[0] else None)  # fmt: skip
+            if "prediction" in r:
+                p = r["prediction"]
+                ax.plot(r["n"] + 0.15, 100 * p["gap"], "s", color="C3", label="lab" if r is mine[0] else None)
+                ax.vlines(r["n"] + 0.15, 100 * p["band"][0], 100 * p["band"][1], color="C3", alpha=0.5)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set(title=f"delta {delta:g}, l = 0", xlabel="roles n", xticks=[2, 4, 6])
+        if mine:
+            ax.legend(loc="best", fontsize=8)
+    axes[0].set_ylabel("TeamTR - naive, T = 1 return (points)")
+    fig.tight_layout()
+    fig.savefig(out / "gap_vs_n.png", dpi=120)
+    plt.close(fig)
+
+    shown = [r for r in rows if r["seeds_done"]]
+    fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(4 * max(1, len(shown)), 3.5), squeeze=False)
+    for ax, r in zip(axes[0], shown, strict=False):
+        for i, arm in enumerate(ARMS):
+            curves = [c for c in r[arm]["curve_t1"] if c]
+            if curves:
+                ax.plot(range(len(curves[0])), np.mean(curves, axis=0), marker="o", color=f"C{i}", label=arm)
+        if r["warm"] is not None:
+            ax.axhline(r["warm"], color="grey", ls=":", label="warm (1000 tasks)")
+        ax.set(title=f"{r['setting']} ({r['seeds_done']} seeds)", xlabel="stage", ylabel="T = 1 return")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/relay_study/main"))
+    a = p.parse_args(argv)
+    cfg = RelayStudyConfig(**{**json.loads((a.out / "config.json").read_text()), "out": a.out})  # the design
+    rows = analyse(cfg, read_cells(a.out / "cells.jsonl"))
+    decision = decide(rows)
+    (a.out / "summary.json").write_text(json.dumps({"rows": rows, "decision": decision}, indent=1))
+    text = table_markdown(rows, decision)
+    (a.out / "report.md").write_text(text)
+    plot(rows, a.out)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""benchmarks/relay_report.py: the preregistered decision rule read off the relay study's cells (paired t
+over seeds, the lab's prediction at the radius nearest delta_eff), and "pending" while cells are missing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from relay_report import analyse, decide, paired_t, table_markdown  # noqa: E402
+from relay_study import RelayStudyConfig  # noqa: E402
+
+CONFIG = RelayStudyConfig(sizes=[4, 6, 2], deltas=[0.3], seeds=3, cell_seeds={})
+
+
+def prediction(gap: float) -> list[dict]:
+    return [
+        {"delta": r, "gap": gap if r > 0.1 else 0.0, "band": [gap - 0.02, gap + 0.02]} for r in (0.05, 0.3)
+    ]
+
+
+def cells(gaps: dict[str, list[float]], predicted: float = 0.6, warm: float = 0.3) -> dict[str, dict]:
+    """One setting per key of `gaps` ('n4/l0'): TeamTR = warm + 0.1 + gap_s, naive = warm + 0.1 per seed."""
+    out = {}
+    for setting, per_seed in gaps.items():
+        n, legibility = setting.split("/")
+        out[f"{setting}/warm"] = {"accuracy_t1": warm, "lab_prediction": prediction(predicted)}
+        for s, g in enumerate(per_seed):
+            base = {"delta_eff": [0.25, 0.35], "rejected_fraction": 0.0, "curve_t1": [warm, warm + 0.1]}
+            for arm, acc in (("teamtr", warm + 0.1 + g), ("naive", warm + 0.1), ("sequential_grpo", warm)):
+                out[f"{setting}/d0.3/seed{s}/{arm}"] = {**base, "accuracy_t1": acc}
+    return out
+
+
+def test_paired_t_interval():
+    out = paired_t([0.087, -0.007, -0.026, 0.198, -0.072])  # the n = 4, delta 0.3 cell's five seeds
+    assert out["mean"] == pytest.approx(0.036)
+    assert out["ci95"] == pytest.approx([-0.0973, 0.1693], abs=5e-4)
+    assert paired_t([0.1])["ci95"] is None
+
+
+def test_the_rule_refutes_when_the_big_cells_include_0_and_exclude_the_prediction():
+    noisy = [0.05, -0.04, 0.01]
+    rows = analyse(CONFIG, cells({"n4/l0": noisy, "n6/l0": noisy}))
+    assert decide(rows)["rule"] == "refuted"
+    assert rows[0]["prediction"] == {"radius": 0.3, "gap": 0.6, "band": [0.58, 0.62]}  # delta_eff 0.3
+    assert rows[0]["matches"] is False and "**refuted**" in table_markdown(rows, decide(rows))
+
+
+def test_the_rule_supports_a_gap_that_excludes_0_grows_with_n_and_vanishes_in_the_control():
+    data = cells({"n4/l0": [0.30, 0.32, 0.31], "n6/l0": [0.40, 0.42, 0.41], "n2/l0": [0.2, 0.22, 0.21]})
+    data.update(cells({"n4/l1": [0.01, -0.01, 0.0]}))
+    rows = analyse(CONFIG, data)
+    assert decide(rows) == {"rule": "supported", "lab_matched_reading": "supported"}
+    flat_in_n = cells({"n4/l0": [0.40, 0.42, 0.41], "n6/l0": [0.30, 0.32, 0.31], "n2/l0": [0.2, 0.22, 0.21]})
+    flat_in_n.update(cells({"n4/l1": [0.01, -0.01, 0.0]}))
+    assert decide(analyse(CONFIG, flat_in_n))["rule"] == "inconclusive"  # excludes 0 but does not grow
+
+
+def test_a_gap_of_the_wrong_sign_is_inconclusive_by_the_rule_and_not_supported_by_the_lab_reading():
+    """Naive ahead beyond noise at n = 6: not "refuted" (its interval excludes 0), never "supported",
+    whatever the control and n = 2 show: both are decided before those cells run."""
+    rows = analyse(CONFIG, cells({"n4/l0": [0.05, -0.04, 0.01], "n6/l0": [-0.09, -0.11, -0.10]}))
+    assert decide(rows) == {"rule": "inconclusive", "lab_matched_reading": "not supported"}
+
+
+def test_missing_cells_leave_the_rule_pending():
+    data = cells({"n4/l0": [0.05, -0.04, 0.01], "n6/l0": [0.05, -0.04]})  # n = 6 has 2 of its 3 seeds
+    rows = analyse(CONFIG, data)
+    assert decide(rows)["rule"] == "pending"
+    assert [r["seeds_done"] for r in rows[:2]] == [3, 2]

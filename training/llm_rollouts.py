@@ -1,0 +1,236 @@
+"""ROLLOUT of Algorithm 1 for an LLM team: the sampling half of training/llm_team.py `LLMStageTeam`.
+
+`TeamSampler` draws each update's batch B x G through the team's LangGraph graph (sampled by the trainer's
+embedded engine or by vLLM, whose adapters it keeps at the trainer's versions), re-runs only the episodes'
+suffixes after an update (`resample_suffix`), and samples the held-out KL check's held-out episodes.
+Whether a batch trains is `run_stage`'s decision (training/stage.py), passed in; the token counts it
+keeps are the run's (train, diagnostic, held-out tokens of `RunState`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from teamtr.graphs.capture import EpisodeError, describe_error
+from teamtr.graphs.role_models import UnknownRoleError
+from teamtr.graphs.run_layout import RunDirError, adapter_dir
+from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.trajectory import Trajectory
+from teamtr.training.config import TrainConfig
+from teamtr.training.distributed import DataParallel
+from teamtr.training.dynamic_sampling import REFILL_ROUNDS, refill_prompts, refilled_episodes
+from teamtr.training.metrics import MetricsLog
+from teamtr.training.policy import AdapterPolicy
+from teamtr.training.progress import TrainingProgress
+from teamtr.training.rollouts import RolloutBatch
+from teamtr.training.vllm_rollouts import VLLMRollouts
+
+T = TypeVar("T")
+
+
+class TeamSampler:
+    """The episodes an LLM team's stage trains and monitors on (checkpointed in `batches`)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        team: Any,
+        task: TaskFamily,
+        policies: dict[str, AdapterPolicy],
+        state: Any,
+        metrics: MetricsLog,
+        progress: TrainingProgress,
+        run_dir: Path,
+        vllm: VLLMRollouts | None,
+        data_parallel: DataParallel | None,
+    ) -> None:
+        self.cfg, self.team, self.task, self.policies, self.state = cfg, team, task, policies, state
+        self.metrics, self.progress, self.run_dir = metrics, progress, run_dir
+        self.vllm, self.data_parallel = vllm, data_parallel
+        self.batches: dict[str, RolloutBatch] = {}  # this stage's batches (checkpointed)
+
+    def stage_prompts(self, stage: int) -> list[TaskInstance]:
+        """The stage's prompt batch B (the same prompts for every update of the stage)."""
+        return self.task.generate(
+            self.cfg.rollout.prompts_per_update, seed=derive_seed(self.cfg.task.train_seed, stage)
+        )
+
+    def versions(self) -> dict[str, int]:
+        return {a: p.version() for a, p in self.policies.items()}
+
+    def sync_rollout_adapters(self) -> None:
+        """vLLM mode: make the server serve every role's current version (its saved directory) before
+        episodes are sampled: the run's start, a resume, anything an update did not push."""
+        if self.vllm is not None:
+            self.vllm.sync(
+                {
+                    (p.base, a): (p.version(), adapter_dir(self.run_dir, a, p.version()))
+                    for a, p in self.policies.items()
+                }
+            )
+
+    def rollout(self, stage: int, index: int, trains: bool) -> RolloutBatch:
+        """G episodes per prompt of the current intermediate team pi^index, through the team's graph;
+        `trains` (run_stage's decision): an update optimises on them, else they count as diagnostic tokens."""
+        key = f"s{stage}-k{index}"
+        if key in self.batches:  # resumed mid-stage: this batch was sampled before the interruption
+            return self.batches[key]
+        self.sync_rollout_adapters()
+        trajectories = self._episodes(
+            f"stage {stage + 1} rollout {index}",
+            self.stage_prompts(stage),
+            group_size=self.cfg.rollout.group_size,
+            seed=derive_seed(self.cfg.seed, "rollout", stage, index),
+        )
+        if self.cfg.loss.dynamic_sampling:  # DAPO: zero-spread groups replaced by refill prompts' groups
+            trajectories = self._refilled(stage, index, trajectories)
+        batch = RolloutBatch(key, stage, index, trajectories, self.versions(), diagnostic=not trains)
+        if trains:
+            self.state.train_tokens += batch.completion_tokens
+        else:
+            self.state.diagnostic_tokens += batch.completion_tokens
+        self.batches[key] = batch
+        self.progress.rollout(stage, index, len(trajectories))
+        return batch
+
+    def _refilled(self, stage: int, index: int, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """DAPO's dynamic sampling: groups with no reward spread replaced by groups of refill prompts (at
+        most REFILL_ROUNDS more rounds); the dropped groups' tokens count as training tokens."""
+        sampled: list[Trajectory] = list(trajectories)
+
+        def sample(round_: int) -> list[Trajectory]:
+            episodes = self._episodes(
+                f"stage {stage + 1} rollout {index} refill {round_}",
+                refill_prompts(self.task, self.cfg.task.train_seed, stage, round_, len(self.stage_prompts(stage))),
+                group_size=self.cfg.rollout.group_size,
+                seed=derive_seed(self.cfg.seed, "refill", stage, index, round_),
+            )
+            sampled.extend(episodes)
+            return episodes
+
+        kept, rounds = refilled_episodes(trajectories, self.cfg.rollout.prompts_per_update, sample)
+        self.state.train_tokens += sum(t.num_tokens for t in sampled) - sum(t.num_tokens for t in kept)
+        self.metrics.log("refill", self.state.step, batch_key=f"s{stage}-k{index}", rounds=rounds,
+                         groups=len({t.group_id for t in kept}))  # fmt: skip
+        return kept
+
+    def resample_suffix(
+        self, stage: int, index: int, previous: RolloutBatch, updated: list[str]
+    ) -> RolloutBatch:
+        """Rollouts of pi^index by suffix resampling (schedule.resample: suffix): every episode of
+        `previous` kept up to the first turn of a role in `updated` (the roles changed since it was
+        sampled; the turns before are already samples of the current team), the graph re-run from there.
+        An episode none of them spoke in is kept whole. Only the new turns' tokens count as train_tokens.
+        A team that cannot restart from a prefix (a user graph, a custom router) resamples in full, and
+        the "resample" record in metrics.jsonl says so."""
+        key = f"s{stage}-k{index}"
+        if key in self.batches:  # resumed mid-stage
+            return self.batches[key]
+        if not (isinstance(self.team, Team) and self.team.resumable):
+            self.metrics.log(
+                "resample",
+                self.state.step,
+                batch_key=key,
+                mode="full",
+                reason="the team cannot restart from a prefix (user graph or custom router)",
+            )
+            return self.rollout(stage, index, trains=True)
+        self.sync_rollout_adapters()
+        prompts = {p.id: p for p in self.stage_prompts(stage)}
+        if self.cfg.loss.dynamic_sampling:  # the batch may hold refill prompts' groups
+            n = len(prompts)
+            for r in range(1, REFILL_ROUNDS + 1):
+                prompts.update({p.id: p for p in refill_prompts(self.task, self.cfg.task.train_seed, stage, r, n)})
+        seed = derive_seed(self.cfg.seed, "suffix", stage, index)
+        cuts = [
+            next((k for k, t in enumerate(traj.turns) if t.role in updated), None)
+            for traj in previous.trajectories
+        ]
+
+        async def episode(n: int) -> Trajectory:
+            traj, cut = previous.trajectories[n], cuts[n]
+            if cut is None:
+                return traj
+            return await self.team.arun_from(
+                prompts[traj.task_id],
+                traj.turns[:cut],
+                verifier=self.task,
+                seed=derive_seed(seed, n),
+                group_id=traj.group_id,
+            )
+
+        async def episodes() -> list[Trajectory]:
+            return list(await asyncio.gather(*(episode(n) for n in range(len(cuts)))))
+
+        try:
+            trajectories = self._on_main(lambda: asyncio.run(episodes()))
+        except EpisodeError as e:
+            self.metrics.log("failed", self.state.step, where=key, error=f"{type(e).__name__}: {e}")
+            raise RunDirError(f"stage {stage + 1} suffix resample {index} failed: {e}") from e
+        kept = sum(
+            len(traj.turns[:c]) for traj, c in zip(previous.trajectories, cuts, strict=True) if c is not None
+        )
+        new_tokens = sum(
+            sum(len(t.completion_ids) for t in traj.turns[c:])
+            for traj, c in zip(trajectories, cuts, strict=True)
+            if c is not None
+        )
+        batch = RolloutBatch(key, stage, index, trajectories, self.versions())
+        self.state.train_tokens += new_tokens
+        self.metrics.log(
+            "resample",
+            self.state.step,
+            batch_key=key,
+            mode="suffix",
+            updated=list(updated),
+            episodes_kept_whole=cuts.count(None),
+            turns_kept=kept,
+            new_tokens=new_tokens,
+        )
+        self.batches[key] = batch
+        self.progress.rollout(stage, index, len(trajectories))
+        return batch
+
+    def heldout_episodes(self, stage: int, index: int) -> list[Trajectory]:
+        """Held-out episodes of the current team for the held-out KL check: their own prompts and
+        seeds (derived from (stage, index), so no training random state is consumed), never trained on."""
+        n = self.cfg.trust_region.heldout_episodes
+        if n == 0:
+            return []
+        prompts = self.task.generate(
+            n, seed=derive_seed(self.cfg.task.train_seed, "kl-monitor", stage, index)
+        )
+        self.sync_rollout_adapters()
+        trajectories = self._episodes(
+            f"stage {stage + 1} held-out KL episodes before update {index}",
+            prompts,
+            group_size=1,
+            seed=derive_seed(self.cfg.seed, "kl-monitor", stage, index),
+        )
+        self.state.heldout_tokens += sum(t.num_tokens for t in trajectories)
+        return trajectories
+
+    def _episodes(
+        self, where: str, prompts: list[TaskInstance], *, group_size: int, seed: int
+    ) -> list[Trajectory]:
+        """The team's episodes; one that cannot become a trajectory (a user graph asking for an unknown
+        role, a reward that raises or is not finite, an endless loop) fails the batch: a "failed" record
+        in metrics.jsonl and one RunDirError line. The last checkpoint is intact: fix it and resume."""
+        try:
+            return self._on_main(
+                lambda: self.team.run(prompts, group_size=group_size, verifier=self.task, seed=seed)
+            )
+        except (EpisodeError, UnknownRoleError) as e:
+            self.metrics.log("failed", self.state.step, where=where, error=describe_error(e))
+            raise RunDirError(
+                f"{where} failed: {describe_error(e)} (the run resumes from its last checkpoint)"
+            ) from e
+
+    def _on_main(self, fn: Callable[[], T]) -> T:
+        """fn() here; data parallel: on rank 0 only, its episodes broadcast to every rank."""
+        return fn() if self.data_parallel is None else self.data_parallel.on_main(fn)
+
