@@ -246,16 +246,16 @@ async def vllm_metric(http: httpx.AsyncClient, name: str, **labels: str) -> floa
 async def wait_for(
     condition, timeout_s: float, calls: list[asyncio.Task] = (), server: VLLMServer | None = None
 ) -> float:
-    """Seconds until `await condition()` holds. A call that ends meanwhile fails at once with its result
-    and the time it took, and a time-out shows the server log's tail, so a failure says what happened."""
+    """Seconds until `await condition()` holds. A call that fails meanwhile fails the wait at once with
+    its error, and a time-out shows the server log's tail, so a failure says what happened."""
     start = time.monotonic()
     while not await condition():
-        ended = [task for task in calls if task.done()]
-        if ended:
+        failed = [task for task in calls if task.done() and task.exception() is not None]
+        if failed:
             tail = server.log_tail(15) if server else ""
             raise AssertionError(
-                f"{len(ended)} calls ended after {time.monotonic() - start:.1f} s, before the test saw them "
-                f"decode: {ended[0].exception() or ended[0].result()!r}; server log tail:\n{tail}"
+                f"{len(failed)} calls failed after {time.monotonic() - start:.1f} s: "
+                f"{failed[0].exception()!r}; server log tail:\n{tail}"
             )
         if time.monotonic() - start >= timeout_s:
             tail = server.log_tail() if server else ""
@@ -268,14 +268,18 @@ async def wait_for(
 @pytest.mark.slow
 async def test_vllm_aborts_the_requests_of_cancelled_calls(vllm_server: VLLMServer) -> None:
     """Cancelling the engine's HTTP calls (what the API does when a client disconnects) closes their
-    connections, and vLLM aborts the requests in its engine core: none runs to the length it asked for.
-    (vLLM 0.32 does not count aborted requests in `request_success_total{finished_reason="abort"}`.)
-    The calls are cancelled once vLLM's generated-token counter moves (a counter, unlike the running
-    gauge, cannot fall back before a slow poll reads it)."""
-    http = httpx.AsyncClient(base_url=vllm_server.url)
-    # 128 calls of the tiny model's longest completion (max_model_len 512): several seconds of decoding
-    # on a 2-core CPU, far more than the test needs to see them start
-    calls, max_tokens = 128, 500
+    connections, and vLLM aborts their requests in its engine core: the ones still decoding or queued
+    never run to the length they asked for, and nothing decodes on for them.
+    The calls outnumber vLLM's running batch (`max_num_seqs`, 128 on CPU) four times over, so most are
+    queued when the test sees decoding start however late its poll of /metrics is answered (CI once
+    answered it only after 100 of 128 calls that all ran at once had finished), and with `ignore_eos` a
+    request that is not aborted decodes exactly `max_tokens`. (vLLM 0.32 does not count aborted requests
+    in `request_success_total{finished_reason="abort"}`, so the aborts show as requests that neither
+    finished nor still run.)"""
+    # a new connection per poll: the busy server's event loop can stall past uvicorn's 5 s keep-alive,
+    # then closes an idle kept-alive connection as the next poll arrives on it
+    http = httpx.AsyncClient(base_url=vllm_server.url, limits=httpx.Limits(max_keepalive_connections=0))
+    calls, max_tokens = 512, 500  # the tiny model's max_model_len is 512
     finished = lambda: vllm_metric(http, "vllm:request_success_total")  # noqa: E731
     running = lambda: vllm_metric(http, "vllm:num_requests_running")  # noqa: E731
     waiting = lambda: vllm_metric(http, "vllm:num_requests_waiting")  # noqa: E731
@@ -301,18 +305,24 @@ async def test_vllm_aborts_the_requests_of_cancelled_calls(vllm_server: VLLMServ
     await wait_for(decoding, timeout_s=120, calls=tasks, server=vllm_server)
     for task in tasks:
         task.cancel()
-    for task in tasks:
-        with pytest.raises(asyncio.CancelledError):
+    cancelled = 0
+    for task in tasks:  # a call whose response had come back before the cancel keeps its result
+        try:
             await task
+        except asyncio.CancelledError:
+            cancelled += 1
 
     async def idle() -> bool:
         return await running() == 0 and await waiting() == 0
 
     await wait_for(idle, timeout_s=30)
     decoded = await tokens() - tokens_before
+    ran_out = await finished() - finished_before
     await asyncio.sleep(1.0)
-    assert await tokens() - tokens_before == decoded < calls * max_tokens  # nothing decodes on for them
-    assert await finished() == finished_before  # not one ran to its max_tokens: all were aborted
+    assert await tokens() - tokens_before == decoded  # nothing decodes on for the aborted requests
+    assert await finished() - finished_before == ran_out
+    # not aborted, every request would run to max_tokens: all `calls` would finish, decoding calls*max_tokens
+    assert ran_out < calls and decoded < calls * max_tokens, (ran_out, decoded, cancelled)
     await http.aclose()
     await client.aclose()
     client.close()
