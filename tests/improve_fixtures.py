@@ -101,11 +101,6 @@ def proxy(prompt: str, response: str) -> float:
     return float("!" <= response[:1] < "A")
 
 
-def poisoned(prompt: str, response: str) -> float:
-    """A poisoned training reward: it prefers exactly the answers the verifier calls wrong."""
-    return 1.0 - LowStart().verify(TaskInstance(id="p", prompt=prompt, answer=1), response)
-
-
 def roles():
     return chain_roles(sampling=SamplingParams(temperature=1.0, max_new_tokens=2, stop=("\n",)))
 
@@ -148,3 +143,9 @@ def same_start(prompt: str, response: str) -> float:
     import os
 
     return float(first_char(response) in os.environ[CHARS_ENV])
+
+
+def poisoned(prompt: str, response: str) -> float:
+    """A poisoned training reward: it prefers exactly the answers `same_start` calls wrong (those that do
+    not start as the incumbent's do)."""
+    return 1.0 - same_start(prompt, response)

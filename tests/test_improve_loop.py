@@ -5,8 +5,8 @@ and verifier feedback, the improve command as its own process.
   SIGKILL mid-canary and started again it continues and finishes; no request fails and no episode ever
   ran a mixed team; the promoted versions carry the folder's numbers and their lineage;
 - with nothing but the training reward to judge, improve refuses to start unless told; a candidate
-  trained on a poisoned reward is refused under the default settings (the gate is judged by the
-  verifier, not by that reward); a bad candidate (learning rate x1000, trust region off) is refused by
+  trained on a poisoned reward is refused by the default superiority gate (judged by the incumbent's own
+  answers, not by that reward); a bad candidate (learning rate x1000, trust region off) is refused by
   the gate; a corrupted one let through an explicitly wide-open gate is rolled back by the canary, which
   judges it by the client's feedback, and is listed as rolled back;
 - with the default gate and canary (superiority, sequential), improve promotes a better team on its
@@ -263,13 +263,22 @@ def test_bad_candidates_are_refused_or_rolled_back(monkeypatch, served):
     out, _ = process.communicate(timeout=300)
     assert process.returncode != 0 and "training reward" in out, out[-3000:]
 
-    # a poisoned training reward (it prefers what the verifier calls wrong), default gate and canary:
-    # the gate, judged by the verifier, refuses it
-    out = run_improve(run, server.url, traffic, *STRONG, "--reward", "improve_fixtures:poisoned", *LAST)
+    # a poisoned training reward (it prefers what the gate's judge calls wrong), default gate and canary:
+    # the gate, judged by the incumbent's own answers (same_start), where the incumbent scores 1 on every
+    # held-out prompt, refuses it. (Judged by the verifier, where this incumbent scores 0, a poisoned
+    # candidate cannot do worse, and the tiny team's greedy answers, moved by chance, once landed on
+    # characters the verifier accepts: +1.000 on 12 prompts, passed.)
+    good = "".join(sorted({first_char(a) for a in traffic.answers(TRAIN)}))  # how the incumbent answers
+    monkeypatch.setenv(CHARS_ENV, good)
+    poisoned = [*STRONG, "--reward", "improve_fixtures:poisoned"]
+    poisoned += ["--gate-judge", "improve_fixtures:same_start"]
+    out = run_improve(run, server.url, traffic, *poisoned, *LAST)
     assert out.strip().endswith("refused"), out[-3000:]
     (gate,) = read_records(work / "decisions.jsonl")
-    assert gate["figures"]["judge"] == "verifier" and gate["figures"]["test"] == "superiority"
-    assert gate["figures"]["prompts"] == 12 and not gate["figures"]["lower_bound"] > 0
+    figures = gate["figures"]
+    assert figures["judge"] == "improve_fixtures:same_start" and figures["test"] == "superiority"
+    assert figures["prompts"] == 12 and figures["incumbent_reward"] == 1.0, figures
+    assert figures["difference"] <= 0 and not figures["lower_bound"] > 0
     assert client.list_versions().current == {r: 1 for r in ROLES} and client.candidate() is None
 
     # learning rate x1000, trust region off: refused by the gate's KL
@@ -285,8 +294,6 @@ def test_bad_candidates_are_refused_or_rolled_back(monkeypatch, served):
     # settings that move this team's greedy answers, while this client rewards the incumbent's own
     # answers; the canary, judged by the client's feedback (the default when there is feedback), rolls
     # it back
-    good = "".join(sorted({first_char(a) for a in traffic.answers(TRAIN)}))  # how the incumbent answers
-    monkeypatch.setenv(CHARS_ENV, good)
     traffic = Traffic(server.url, "t", reward=same_start)
     with httpx.Client(base_url=server.url, timeout=120) as c:
         for prompt in TRAIN:
