@@ -5,7 +5,9 @@
 Three runs with the same config except the schedule: TeamTR resampling in full, TeamTR with suffix
 resampling (`schedule.resample: suffix`: each episode re-run from the updated role's first turn), naive. Prints rollout tokens and wall time per stage and per
 update, and the ratios TeamTR / naive (the paper: +11.1% tokens, 1.12x wall per update, at its scale,
-where one rollout batch is small next to the optimisation it feeds).
+where one rollout batch is small next to the optimisation it feeds). Tokens are counted three ways
+(training/token_counts.py): generated; generated plus the prompt tokens a prefix cache would not hold;
+everything processed, the updates' log-prob passes included.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
         "updates": len(updates),
         "rollout_tokens": summary["train_tokens"],
         "tokens_per_stage": summary["train_tokens"] / stages,
+        "prefill_tokens_per_stage": (summary["train_tokens"] + summary["train_prefill_tokens"]) / stages,
+        "processed_tokens_per_stage": (
+            summary["train_tokens"] + summary["train_prefill_tokens"] + summary["train_pass_tokens"]
+        ) / stages,
         "wall_per_stage_s": wall / stages,
         "wall_per_update_s": wall / len(updates),  # rollouts included (the paper's per-update wall)
         "optimise_per_update_s": sum(u["seconds"] for u in updates) / len(updates),  # rollouts excluded
@@ -69,14 +75,15 @@ def main() -> None:
     for name, r in ratios.items():
         print(
             f"{name} / naive: rollout tokens per stage x{r['tokens_per_stage']:.2f} "
-            f"({(r['tokens_per_stage'] - 1) * 100:+.1f}%), wall per stage x{r['wall_per_stage']:.2f}, "
+            f"({(r['tokens_per_stage'] - 1) * 100:+.1f}%; with uncached prefill x{r['prefill_tokens_per_stage']:.2f}, "
+            f"everything processed x{r['processed_tokens_per_stage']:.2f}), wall per stage x{r['wall_per_stage']:.2f}, "
             f"wall per update x{r['wall_per_update']:.2f} (optimisation alone x{r['optimise_per_update']:.2f})"
         )
 
 
 def _ratios(t: dict[str, float], n: dict[str, float]) -> dict[str, float]:
     return {
-        "tokens_per_stage": t["tokens_per_stage"] / n["tokens_per_stage"],
+        **{k: t[k] / n[k] for k in ("tokens_per_stage", "prefill_tokens_per_stage", "processed_tokens_per_stage")},
         "wall_per_stage": t["wall_per_stage_s"] / n["wall_per_stage_s"],
         "wall_per_update": t["wall_per_update_s"] / n["wall_per_update_s"],
         "optimise_per_update": t["optimise_per_update_s"] / n["optimise_per_update_s"],

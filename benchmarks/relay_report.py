@@ -22,7 +22,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_study import ARMS, RelayStudyConfig, seeds_of, setting_key, settings  # noqa: E402
+from relay_study import ARMS, SECONDARY_ARMS, RelayStudyConfig, seeds_of, setting_key, settings  # noqa: E402
 from team_size_study import read_cells  # noqa: E402
 
 COMPARED = ("naive", "sequential_grpo")  # TeamTR minus each
@@ -103,6 +103,100 @@ def analyse(cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]]) -> list[dic
             )
             rows.append(row)
     return rows
+
+
+def secondary(cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The secondary comparisons (issue 25 item 5), per setting where their cells ran: reversed-order
+    TeamTR minus fixed order, and naive at TeamTR's generated tokens (naive_tokens) minus TeamTR, paired
+    by seed, with each arm's tokens counted three ways (training/token_counts.py; TeamTR cells run before
+    the counts existed have only the first)."""
+    rows = []
+    for delta in cfg.deltas:
+        for n, legibility in settings(cfg):
+            key = setting_key(n, legibility, delta)
+            seeds = range(seeds_of(cfg, legibility, delta, n))
+            by_arm = {a: {s: cells.get(f"{key}/seed{s}/{a}") for s in seeds} for a in ("teamtr", *SECONDARY_ARMS)}
+            if not any(c for a in SECONDARY_ARMS for c in by_arm[a].values()):
+                continue
+            row: dict[str, Any] = {"setting": key, "n": n, "legibility": legibility, "delta": delta}
+            for arm in SECONDARY_ARMS:
+                both = [s for s in seeds if by_arm[arm][s] and by_arm["teamtr"][s]]
+                done = [by_arm[arm][s] for s in both]
+                row[arm] = {
+                    "seeds": both,
+                    "accuracy_t1": [c["accuracy_t1"] for c in done],
+                    "stages": [c["stages"] for c in done],
+                    "minus_teamtr": paired_t(
+                        [by_arm[arm][s]["accuracy_t1"] - by_arm["teamtr"][s]["accuracy_t1"] for s in both]
+                    ),
+                    "tokens_over_teamtr": [
+                        by_arm[arm][s]["train_tokens"] / by_arm["teamtr"][s]["train_tokens"] for s in both
+                    ],
+                    "counts": [token_counts(c) for c in done],
+                }
+            rows.append(row)
+    return rows
+
+
+def token_counts(cell: dict[str, Any]) -> list[int] | None:
+    """A cell's three counts: generated; + uncached prefill; + the updates' log-prob passes (None: a cell
+    run before the counts existed)."""
+    if cell.get("train_prefill_tokens") is None:
+        return None
+    g, p = cell["train_tokens"], cell["train_prefill_tokens"]
+    return [g, g + p, g + p + cell["train_pass_tokens"]]
+
+
+def cost_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (n, arm) of a token-count run (cells of one stage): the three counts per stage and their
+    ratios over naive's (same n and seed)."""
+    rows = []
+    for c in sorted(cells.values(), key=lambda c: (c["n"], c["arm"])):
+        counts = token_counts(c) if c["arm"] != "warm" else None
+        if counts is None:
+            continue
+        naive = cells.get(c["key"].rsplit("/", 1)[0] + "/naive")
+        base = token_counts(naive) if naive else None
+        rows.append({
+            "n": c["n"], "arm": c["arm"], "stages": c["stages"],
+            "per_stage": [x / c["stages"] for x in counts],
+            "over_naive": [x / y for x, y in zip(counts, base, strict=True)] if base else None,
+        })  # fmt: skip
+    return rows
+
+
+def secondary_markdown(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) -> str:
+    lines = [
+        "## Secondary (not preregistered as decisive)",
+        "",
+        "| setting | arm | seeds | T = 1 return | arm - TeamTR [95%] | stages | generated tokens / TeamTR's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for arm in SECONDARY_ARMS:
+            a = r[arm]
+            if not a["seeds"]:
+                continue
+            g, ci = a["minus_teamtr"], a["minus_teamtr"]["ci95"]
+            gap = f"{points(g['mean'])} [{points(ci[0])}, {points(ci[1])}]" if ci else points(g["mean"])
+            lines.append(
+                f"| {r['setting']} | {arm} | {len(a['seeds'])} | {np.mean(a['accuracy_t1']):.3f} | {gap} | "
+                f"{np.mean(a['stages']):.1f} | x{np.mean(a['tokens_over_teamtr']):.2f} |"
+            )
+    if costs:
+        lines += [
+            "",
+            "Tokens per stage, three ways (generated; + uncached prefill; + the updates' log-prob passes), "
+            "and each over naive's:",
+            "",
+            "| n | arm | generated | + prefill | + passes | over naive (1 / 2 / 3) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in costs:
+            ratio = " / ".join(f"x{x:.2f}" for x in c["over_naive"]) if c["over_naive"] else "-"
+            g, p, a = c["per_stage"]
+            lines.append(f"| {c['n']} | {c['arm']} | {g:,.0f} | {p:,.0f} | {a:,.0f} | {ratio} |")
+    return "\n".join(lines) + "\n"
 
 
 def includes_zero(ci: list[float] | None) -> bool | None:
@@ -237,12 +331,21 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/relay_study/main"))
+    p.add_argument(
+        "--counts", type=Path, default=Path("benchmarks/results/relay_study/token_counts"),
+        help="a one-stage run of every arm whose cells give the three token counts per stage (if present)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     cfg = RelayStudyConfig(**{**json.loads((a.out / "config.json").read_text()), "out": a.out})  # the design
-    rows = analyse(cfg, read_cells(a.out / "cells.jsonl"))
+    cells = read_cells(a.out / "cells.jsonl")
+    rows = analyse(cfg, cells)
     decision = decide(rows)
-    (a.out / "summary.json").write_text(json.dumps({"rows": rows, "decision": decision}, indent=1))
-    text = table_markdown(rows, decision)
+    extra = secondary(cfg, cells)
+    costs = cost_rows(read_cells(a.counts / "cells.jsonl"))
+    (a.out / "summary.json").write_text(
+        json.dumps({"rows": rows, "decision": decision, "secondary": extra, "token_counts": costs}, indent=1)
+    )
+    text = table_markdown(rows, decision) + "\n" + secondary_markdown(extra, costs)
     (a.out / "report.md").write_text(text)
     plot(rows, a.out)
     print(text)

@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from team_size_study import append_cell, read_cells, record_config  # noqa: E402
 
 ARMS = ("teamtr", "naive", "sequential_grpo")
-SECONDARY_ARMS = ("teamtr_reversed",)  # TeamTR updating the roles in reversed order (not in the default)
+# not in the default: TeamTR updating the roles in reversed order; naive sequential until it has generated
+# as many training tokens as the same seed's TeamTR cell (more stages)
+SECONDARY_ARMS = ("teamtr_reversed", "naive_tokens")
 ROUTER = "teamtr.evals.tasks.relay:relay_order"
 # the preregistration's budget (pilot part 5): the n = 6 and control cells and every delta 0.05 cell at 3
 # seeds, the control at delta 0.05 dropped
@@ -120,7 +122,12 @@ def task_options(n: int, legibility: float, cfg: RelayStudyConfig) -> dict[str, 
     return {"steps": n, "legibility": legibility, "slip": cfg.slip}
 
 
-def train_config(n: int, legibility: float, delta: float, seed: int, arm: str, model: str, cfg: RelayStudyConfig):
+def train_config(
+    n: int, legibility: float, delta: float, seed: int, arm: str, model: str, cfg: RelayStudyConfig,
+    budget: int | None = None,
+):
+    """One cell's run; naive_tokens: `budget` (TeamTR's generated tokens) ends it at the first stage
+    boundary past it."""
     from teamtr.training.config import TrainConfig
 
     if arm not in ARMS + SECONDARY_ARMS:
@@ -129,7 +136,8 @@ def train_config(n: int, legibility: float, delta: float, seed: int, arm: str, m
     return TrainConfig.from_dict(
         {
             "seed": seed,
-            "stages": cfg.stages,
+            "stages": cfg.stages * (2 * n if arm == "naive_tokens" else 1),
+            "max_rollout_tokens": budget if arm == "naive_tokens" else None,
             "run_dir": str(cfg.out / "runs" / cell_key(n, legibility, delta, seed, arm)),
             "task": {"name": "relay", "options": task_options(n, legibility, cfg)},
             "team": {"model": model, "router": ROUTER},
@@ -255,18 +263,21 @@ def lab_prediction(n: int, legibility: float, rates: dict[str, float], cfg: Rela
     ]
 
 
-def run_arm(n: int, legibility: float, delta: float, seed: int, arm: str, cfg: RelayStudyConfig) -> dict[str, Any]:
+def run_arm(
+    n: int, legibility: float, delta: float, seed: int, arm: str, cfg: RelayStudyConfig, budget: int | None = None
+) -> dict[str, Any]:
     from teamtr.graphs.run_layout import read_metrics
     from teamtr.training.run_dir import RunDir
     from teamtr.training.trainer import Trainer
 
-    tcfg = train_config(n, legibility, delta, seed, arm, warm_model(n, legibility, cfg), cfg)
+    tcfg = train_config(n, legibility, delta, seed, arm, warm_model(n, legibility, cfg), cfg, budget)
     trainer = Trainer(tcfg)
     summary = trainer.train()
     run = RunDir(tcfg.run_dir)
     t1 = evaluate(trainer.engine, run, seed, 1.0, cfg.eval_episodes)
     greedy = evaluate(trainer.engine, run, seed, 0.0, cfg.greedy_episodes)
     updates = read_metrics(Path(tcfg.run_dir), kind="update")
+    stages = read_metrics(Path(tcfg.run_dir), kind="stage")
 
     def per_update(name: str) -> list[float | None]:
         return [u.get(name) for u in updates]
@@ -288,6 +299,12 @@ def run_arm(n: int, legibility: float, delta: float, seed: int, arm: str, cfg: R
         "train_reward": per_update("reward"),
         "curve_t1": summary["eval_accuracy"],  # T = 1 return on stage_episodes tasks, before and after each stage
         "train_tokens_monitor": summary["heldout_tokens"],
+        # the other two counts (training/token_counts.py), and all three after each stage (the curve's x)
+        "train_prefill_tokens": summary["train_prefill_tokens"],
+        "train_pass_tokens": summary["train_pass_tokens"],
+        "stage_tokens": [
+            [s["train_tokens"], s.get("train_prefill_tokens"), s.get("train_pass_tokens")] for s in stages
+        ],
     }
 
 
@@ -298,7 +315,10 @@ def run_cell(cell: tuple[int, float, float | None, int | None, str], cfg: RelayS
         result = run_warm(n, legibility, cfg)
     else:
         assert delta is not None and seed is not None
-        result = run_arm(n, legibility, delta, seed, arm, cfg)
+        budget = None
+        if arm == "naive_tokens":  # the same seed's TeamTR cell must have finished (it is planned first)
+            budget = read_cells(cfg.out / "cells.jsonl")[cell_key(n, legibility, delta, seed, "teamtr")]["train_tokens"]
+        result = run_arm(n, legibility, delta, seed, arm, cfg, budget)
     record = {
         "key": cell_key(*cell),
         "n": n,

@@ -29,6 +29,9 @@ def test_readme_benchmark_commands_run_at_tiny_sizes(tiny_model_dir, tmp_path):
     assert overhead.returncode == 0, overhead.stderr[-3000:]
     for schedule in ("teamtr", "teamtr_suffix"):  # full and suffix resampling, each against naive
         assert f"{schedule} / naive: rollout tokens per stage" in overhead.stdout
+    ratios = json.loads(overhead.stdout[: overhead.stdout.rindex("}") + 1])["ratio_over_naive"]["teamtr_suffix"]
+    # the three counts of training/token_counts.py: the updates' passes, alike in both arms, dilute the premium
+    assert ratios["processed_tokens_per_stage"] < ratios["tokens_per_stage"]
     newcomer = tmp_path / "newcomer"
     shutil.copytree(tiny_model_dir, newcomer)
     shock = subprocess.run(

@@ -103,3 +103,16 @@ def test_relay_study_runs_resumes_and_writes_one_line_per_cell(tiny_model, tmp_p
     (prediction,) = warm["lab_prediction"]
     assert prediction["delta"] == 0.3 and len(prediction["gap_by_stage"]) == 2  # before and after 1 stage
     assert 0 <= prediction["warm_rates"]["relay_slip"] <= 1
+
+    # the secondary arms beside them (same cells.jsonl): naive_tokens runs stages until it has generated
+    # the same seed's TeamTR tokens; every training cell keeps the three token counts after each stage
+    secondary = relay_study.run_study(
+        relay_study.parse_args([*argv, "--arms", "teamtr_reversed", "naive_tokens"]), log=lambda _m: None
+    )
+    naive, budget = secondary["n2/l0/d0.3/seed0/naive_tokens"], teamtr["train_tokens"]
+    assert naive["train_tokens"] >= budget > cells["n2/l0/d0.3/seed0/naive"]["train_tokens"]
+    assert naive["stages"] > 1 and len(naive["curve_t1"]) == naive["stages"] + 1
+    assert naive["stage_tokens"][-1] == [naive["train_tokens"], naive["train_prefill_tokens"], naive["train_pass_tokens"]]
+    generated = [s[0] for s in naive["stage_tokens"]]
+    assert generated[-2] < budget <= generated[-1]  # it stopped at the first stage boundary past the budget
+    assert "n2/l0/d0.3/seed0/teamtr_reversed" in secondary

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from relay_report import analyse, decide, paired_t, table_markdown  # noqa: E402
+from relay_report import analyse, cost_rows, decide, paired_t, secondary, secondary_markdown, table_markdown  # noqa: E402
 from relay_study import RelayStudyConfig  # noqa: E402
 
 CONFIG = RelayStudyConfig(sizes=[4, 6, 2], deltas=[0.3], seeds=3, cell_seeds={})
@@ -71,3 +71,28 @@ def test_missing_cells_leave_the_rule_pending():
     rows = analyse(CONFIG, data)
     assert decide(rows)["rule"] == "pending"
     assert [r["seeds_done"] for r in rows[:2]] == [3, 2]
+
+
+def test_secondary_arms_are_paired_with_teamtr_and_token_counts_divide_by_naive():
+    data = cells({"n4/l0": [0.05, -0.04, 0.01]})
+    for s in range(2):  # two of the three seeds have the secondary arms
+        teamtr = data[f"n4/l0/d0.3/seed{s}/teamtr"]
+        teamtr["train_tokens"] = 1000
+        data[f"n4/l0/d0.3/seed{s}/naive_tokens"] = {"accuracy_t1": teamtr["accuracy_t1"] - 0.1, "stages": 12,
+                                                    "train_tokens": 1100, "train_prefill_tokens": 400,
+                                                    "train_pass_tokens": 5000}  # fmt: skip
+    (row,) = secondary(CONFIG, data)
+    naive = row["naive_tokens"]
+    assert naive["seeds"] == [0, 1] and naive["minus_teamtr"]["mean"] == pytest.approx(-0.1)
+    assert naive["tokens_over_teamtr"] == [1.1, 1.1] and naive["counts"][0] == [1100, 1500, 6500]
+    assert row["teamtr_reversed"]["seeds"] == []  # none ran: no row of it in the table
+    one_stage = {
+        "n4/l0/d0.05/seed0/naive": {"key": "n4/l0/d0.05/seed0/naive", "n": 4, "arm": "naive", "stages": 1,
+                                    "train_tokens": 100, "train_prefill_tokens": 50, "train_pass_tokens": 850},
+        "n4/l0/d0.05/seed0/teamtr": {"key": "n4/l0/d0.05/seed0/teamtr", "n": 4, "arm": "teamtr", "stages": 1,
+                                     "train_tokens": 300, "train_prefill_tokens": 100, "train_pass_tokens": 900},
+    }  # fmt: skip
+    costs = {c["arm"]: c for c in cost_rows(one_stage)}
+    assert costs["teamtr"]["over_naive"] == pytest.approx([3.0, 400 / 150, 1300 / 1000])
+    text = secondary_markdown([row], list(costs.values()))
+    assert "| n4/l0/d0.3 | naive_tokens | 2 |" in text and "x3.00 / x2.67 / x1.30" in text

@@ -27,6 +27,7 @@ from teamtr.training.metrics import MetricsLog
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch
+from teamtr.training.token_counts import PrefixCache
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
 T = TypeVar("T")
@@ -52,6 +53,7 @@ class TeamSampler:
         self.metrics, self.progress, self.run_dir = metrics, progress, run_dir
         self.vllm, self.data_parallel = vllm, data_parallel
         self.batches: dict[str, RolloutBatch] = {}  # this stage's batches (checkpointed)
+        self.prefix_cache = PrefixCache()  # the training rollouts' uncached prefill (token_counts.py)
 
     def stage_prompts(self, stage: int) -> list[TaskInstance]:
         """The stage's prompt batch B (the same prompts for every update of the stage)."""
@@ -86,21 +88,26 @@ class TeamSampler:
             group_size=self.cfg.rollout.group_size,
             seed=derive_seed(self.cfg.seed, "rollout", stage, index),
         )
+        sampled = list(trajectories)  # every episode sampled, dropped refill groups too (DAPO)
         if self.cfg.loss.dynamic_sampling:  # DAPO: zero-spread groups replaced by refill prompts' groups
-            trajectories = self._refilled(stage, index, trajectories)
+            trajectories = self._refilled(stage, index, trajectories, sampled)
         batch = RolloutBatch(key, stage, index, trajectories, self.versions(), diagnostic=not trains)
+        tokens = sum(t.num_tokens for t in sampled)
         if trains:
-            self.state.train_tokens += batch.completion_tokens
+            self.state.train_tokens += tokens
+            self.state.train_prefill_tokens += self.prefix_cache.sampled(t for traj in sampled for t in traj.turns)
         else:
-            self.state.diagnostic_tokens += batch.completion_tokens
+            self.state.diagnostic_tokens += tokens
         self.batches[key] = batch
         self.progress.rollout(stage, index, len(trajectories))
         return batch
 
-    def _refilled(self, stage: int, index: int, trajectories: list[Trajectory]) -> list[Trajectory]:
+    def _refilled(
+        self, stage: int, index: int, trajectories: list[Trajectory], sampled: list[Trajectory]
+    ) -> list[Trajectory]:
         """DAPO's dynamic sampling: groups with no reward spread replaced by groups of refill prompts (at
-        most REFILL_ROUNDS more rounds); the dropped groups' tokens count as training tokens."""
-        sampled: list[Trajectory] = list(trajectories)
+        most REFILL_ROUNDS more rounds); every refill episode is appended to `sampled` (the dropped
+        groups' tokens count as the batch's tokens)."""
 
         def sample(round_: int) -> list[Trajectory]:
             episodes = self._episodes(
@@ -113,7 +120,6 @@ class TeamSampler:
             return episodes
 
         kept, rounds = refilled_episodes(trajectories, self.cfg.rollout.prompts_per_update, sample)
-        self.state.train_tokens += sum(t.num_tokens for t in sampled) - sum(t.num_tokens for t in kept)
         self.metrics.log("refill", self.state.step, batch_key=f"s{stage}-k{index}", rounds=rounds,
                          groups=len({t.group_id for t in kept}))  # fmt: skip
         return kept
@@ -181,6 +187,9 @@ class TeamSampler:
         )
         batch = RolloutBatch(key, stage, index, trajectories, self.versions())
         self.state.train_tokens += new_tokens
+        self.state.train_prefill_tokens += self.prefix_cache.sampled(
+            t for traj, c in zip(trajectories, cuts, strict=True) if c is not None for t in traj.turns[c:]
+        )
         self.metrics.log(
             "resample",
             self.state.step,

@@ -73,6 +73,10 @@ class RunState:
     train_tokens: int = 0  # completion tokens of rollouts used for training
     diagnostic_tokens: int = 0  # completion tokens sampled only for the stale-gap diagnostic
     heldout_tokens: int = 0  # completion tokens of the held-out KL check's held-out episodes
+    # the two other counts of training/token_counts.py: uncached prompt tokens of the training rollouts'
+    # sampled turns (prefix cache model), and tokens through the model in the updates' log-prob passes
+    train_prefill_tokens: int = 0
+    train_pass_tokens: int = 0
     betas: dict[str, float] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out return at the start, after each stage
     stage_certificates: list[float | None] = field(default_factory=list)
@@ -228,6 +232,7 @@ class LLMStageTeam:
         # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
         rollout_gaps = behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None
 
+        passed_before = policy.passed_tokens  # count 3: the step's own passes, not the instruments' around it
         step = teamtr_step(
             ctx.batch,
             ctx.role,
@@ -241,6 +246,7 @@ class LLMStageTeam:
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
         self.state.betas[ctx.role] = step.region.beta_next
+        self.state.train_pass_tokens += policy.passed_tokens - passed_before
         push_seconds = None
         if step.accepted and (self.data_parallel is None or self.data_parallel.is_main):  # what serve loads
             saved = save_peft_adapter(
@@ -279,6 +285,8 @@ class LLMStageTeam:
             train_tokens=self.state.train_tokens,
             diagnostic_tokens=self.state.diagnostic_tokens,
             heldout_tokens=self.state.heldout_tokens,
+            train_prefill_tokens=self.state.train_prefill_tokens,
+            train_pass_tokens=self.state.train_pass_tokens,
             seconds=time.perf_counter() - t0,
         )
         self.metrics.log("update", self.state.step, **record)

@@ -16,6 +16,7 @@ import torch
 from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.distributed import DataParallel
 from teamtr.training.rollouts import RoleMessages, padded_logprobs
+from teamtr.training.token_counts import pass_tokens
 from teamtr.training.trust_region import AdapterState
 
 SCORE_CHUNK = 64  # messages per forward pass when computing log-probs
@@ -33,10 +34,13 @@ class AdapterPolicy:
     # (training/behaviour.py refuses turns sampled otherwise; docs/training.md "Sampling temperature")
     temperature: float = 1.0
     data_parallel: DataParallel | None = None  # torchrun: this rank's share of every log-prob pass
+    # tokens of every log-prob pass so far (all ranks' shares): training/token_counts.py count 3
+    passed_tokens: int = 0
 
     def logp(self, msgs: RoleMessages, grad: bool) -> torch.Tensor:
         """[M, T] log pi_T(x_u | s, x_<u) of msgs' completion tokens (padding 0). Data parallel: this
         rank computes its share of the messages, the other ranks' shares are gathered (no gradient)."""
+        self.passed_tokens += pass_tokens(msgs.prompts, msgs.completions)
         dp = self.data_parallel
         if dp is None:
             return self._logp(msgs, grad)
@@ -65,6 +69,7 @@ class AdapterPolicy:
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """Per-message log pi_T of completions at the current weights, without a gradient."""
+        self.passed_tokens += pass_tokens(prompts, completions)
         out: list[torch.Tensor] = []
         with torch.no_grad():
             for s in range(0, len(prompts), SCORE_CHUNK):

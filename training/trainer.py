@@ -187,6 +187,8 @@ class Trainer:
             eval_before=state.evals[-2]["accuracy"],
             eval_after=state.evals[-1]["accuracy"],
             train_tokens=state.train_tokens,
+            train_prefill_tokens=state.train_prefill_tokens,
+            train_pass_tokens=state.train_pass_tokens,
             diagnostic_tokens=state.diagnostic_tokens,
             accepted=sum(u.accepted for u in record.updates),
             updates=len(record.updates),
@@ -297,6 +299,8 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "train_tokens": state.train_tokens,
         "diagnostic_tokens": state.diagnostic_tokens,
         "heldout_tokens": state.heldout_tokens,
+        "train_prefill_tokens": state.train_prefill_tokens,
+        "train_pass_tokens": state.train_pass_tokens,
         "eval_accuracy": [e["accuracy"] for e in state.evals],
         "certificate_rank_correlation": rank_correlation([c for c, _ in measured], [d for _, d in measured]),
         # the paper's "fraction of updates that left the region": first attempt ended with d_hat > delta
