@@ -11,4 +11,4 @@ for setup in scripts/setup_*.sh; do
     bash "$setup"
 done
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q -rs "$@"
+.venv/bin/python -m pytest -q -rs --durations=25 "$@"  # the slowest tests: where the 30-minute aim goes
