@@ -20,6 +20,7 @@ from pathlib import Path
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.config import TrainConfig
 from teamtr.training.demo import DEMO_CONFIG
+from teamtr.training.token_counts import three_counts
 from teamtr.training.trainer import Trainer
 
 
@@ -30,15 +31,14 @@ def measure(cfg: TrainConfig) -> dict[str, float]:
     updates = read_metrics(cfg.run_dir, kind="update")
     evals = read_metrics(cfg.run_dir, kind="eval")
     stages = summary["stages"]
+    _, prefilled, processed = three_counts(summary)
     return {
         "stages": stages,
         "updates": len(updates),
         "rollout_tokens": summary["train_tokens"],
         "tokens_per_stage": summary["train_tokens"] / stages,
-        "prefill_tokens_per_stage": (summary["train_tokens"] + summary["train_prefill_tokens"]) / stages,
-        "processed_tokens_per_stage": (
-            summary["train_tokens"] + summary["train_prefill_tokens"] + summary["train_pass_tokens"]
-        ) / stages,
+        "prefill_tokens_per_stage": prefilled / stages,
+        "processed_tokens_per_stage": processed / stages,
         "wall_per_stage_s": wall / stages,
         "wall_per_update_s": wall / len(updates),  # rollouts included (the paper's per-update wall)
         "optimise_per_update_s": sum(u["seconds"] for u in updates) / len(updates),  # rollouts excluded

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from relay_study import ARMS, SECONDARY_ARMS, RelayStudyConfig, seeds_of, setting_key, settings  # noqa: E402
 from team_size_study import read_cells  # noqa: E402
 
+from teamtr.training.token_counts import three_counts  # noqa: E402
+
 COMPARED = ("naive", "sequential_grpo")  # TeamTR minus each
 
 
@@ -132,19 +134,10 @@ def secondary(cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]]) -> list[d
                     "tokens_over_teamtr": [
                         by_arm[arm][s]["train_tokens"] / by_arm["teamtr"][s]["train_tokens"] for s in both
                     ],
-                    "counts": [token_counts(c) for c in done],
+                    "counts": [three_counts(c) for c in done],
                 }
             rows.append(row)
     return rows
-
-
-def token_counts(cell: dict[str, Any]) -> list[int] | None:
-    """A cell's three counts: generated; + uncached prefill; + the updates' log-prob passes (None: a cell
-    run before the counts existed)."""
-    if cell.get("train_prefill_tokens") is None:
-        return None
-    g, p = cell["train_tokens"], cell["train_prefill_tokens"]
-    return [g, g + p, g + p + cell["train_pass_tokens"]]
 
 
 def cost_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -152,11 +145,11 @@ def cost_rows(cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ratios over naive's (same n and seed)."""
     rows = []
     for c in sorted(cells.values(), key=lambda c: (c["n"], c["arm"])):
-        counts = token_counts(c) if c["arm"] != "warm" else None
-        if counts is None:
+        counts = three_counts(c)
+        if counts is None:  # a warm cell
             continue
         naive = cells.get(c["key"].rsplit("/", 1)[0] + "/naive")
-        base = token_counts(naive) if naive else None
+        base = three_counts(naive) if naive else None
         rows.append({
             "n": c["n"], "arm": c["arm"], "stages": c["stages"],
             "per_stage": [x / c["stages"] for x in counts],

@@ -84,7 +84,7 @@ def test_secondary_arms_are_paired_with_teamtr_and_token_counts_divide_by_naive(
     (row,) = secondary(CONFIG, data)
     naive = row["naive_tokens"]
     assert naive["seeds"] == [0, 1] and naive["minus_teamtr"]["mean"] == pytest.approx(-0.1)
-    assert naive["tokens_over_teamtr"] == [1.1, 1.1] and naive["counts"][0] == [1100, 1500, 6500]
+    assert naive["tokens_over_teamtr"] == [1.1, 1.1] and naive["counts"][0] == (1100, 1500, 6500)
     assert row["teamtr_reversed"]["seeds"] == []  # none ran: no row of it in the table
     one_stage = {
         "n4/l0/d0.05/seed0/naive": {"key": "n4/l0/d0.05/seed0/naive", "n": 4, "arm": "naive", "stages": 1,

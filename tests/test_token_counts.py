@@ -16,7 +16,7 @@ from test_training_trainer import (  # importing it registers the trainer tests'
 
 from teamtr.graphs.trajectory import Turn
 from teamtr.training.rollouts import messages_of_role
-from teamtr.training.token_counts import PrefixCache, pass_tokens
+from teamtr.training.token_counts import PrefixCache, pass_tokens, three_counts
 
 torch.set_num_threads(1)
 
@@ -98,13 +98,8 @@ def _advantages(batch, cfg):
 
 
 def test_a_run_reports_three_counts_and_the_resampling_premium_shrinks_with_each(tiny_model, tmp_path):  # noqa: F811
-    def counts(updates: list[dict]) -> tuple[int, int, int]:
-        last = updates[-1]
-        generated, prefill = last["train_tokens"], last["train_prefill_tokens"]
-        return generated, generated + prefill, generated + prefill + last["train_pass_tokens"]
-
-    teamtr = counts(train(small_config(tiny_model, tmp_path / "teamtr")))
-    naive = counts(train(small_config(tiny_model, tmp_path / "naive", **{"schedule.kind": "naive"})))
+    teamtr = three_counts(train(small_config(tiny_model, tmp_path / "teamtr"))[-1])
+    naive = three_counts(train(small_config(tiny_model, tmp_path / "naive", **{"schedule.kind": "naive"}))[-1])
     ratios = [t / n for t, n in zip(teamtr, naive, strict=True)]
     assert all(c > 0 for c in (*teamtr, *naive))
     assert ratios[0] > 1.5, ratios  # measured 2.7: two more batches per stage, in part

@@ -12,7 +12,8 @@ ratios of TeamTR's cost over a stale schedule's: count 1 the largest, count 3 th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from teamtr.graphs.trajectory import Turn
 
@@ -57,3 +58,13 @@ class PrefixCache:
 def pass_tokens(prompts: list[list[int]], completions: list[list[int]]) -> int:
     """Tokens one log-prob pass over these messages runs through the model (context and message)."""
     return sum(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+
+
+def three_counts(record: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """Counts 1, 2 and 3 of a run summary, stage or update record (each includes the one before it);
+    None for a record written before counts 2 and 3 existed."""
+    if record.get("train_prefill_tokens") is None:
+        return None
+    generated = record["train_tokens"]
+    prefilled = generated + record["train_prefill_tokens"]
+    return generated, prefilled, prefilled + record["train_pass_tokens"]
