@@ -79,3 +79,56 @@ def token_kl_per_message(p_logp: torch.Tensor, q_logp: torch.Tensor, mask: torch
     the trainer's out-of-sample trust-region monitor (training/diagnostics.py)."""
     kl_tok = (p_logp.exp() * (p_logp - q_logp)).sum(-1)  # exact KL(p || q) at each position
     return (kl_tok * mask).sum(-1)  # token-decomposed: sum over the message's tokens
+
+
+@dataclass
+class MessageKL:
+    """Per-message exact KLs between two weight sets of one adapter, at messages sampled from p (pi_cur)."""
+
+    forward: torch.Tensor  # [M] sum_u KL(p(.|s,x_<u) || q(.|s,x_<u)): eq. 11's direction, exact
+    reverse: torch.Tensor  # [M] sum_u KL(q || p) at the same prefixes: charges mass q puts where p had little
+    tokens: torch.Tensor  # [M] completion tokens of each message
+
+    def of(self, direction: str) -> torch.Tensor:
+        """[M] the KL a trust region constrains: "forward", "reverse", or "max" (the larger, per message)."""
+        if direction == "forward":
+            return self.forward
+        if direction == "reverse":
+            return self.reverse
+        if direction == "max":
+            return torch.maximum(self.forward, self.reverse)
+        raise ValueError(f"unknown KL direction {direction!r} (forward, reverse, max)")
+
+
+def message_kl(
+    side: Side,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    p_weights: dict[str, torch.Tensor],
+    temperature: float = 1.0,
+    chunk: int = 8,
+) -> MessageKL:
+    """Exact per-message KLs between p = the adapter at `p_weights` and q = the adapter as it is now.
+
+    Without gradients; the adapter holds q's weights again when this returns. At most `chunk` messages'
+    log-probs are held at once."""
+    q_weights = side.engine.snapshot_adapter(side.adapter, side.base)
+    forward, reverse = [], []
+    with torch.no_grad():
+        for s in range(0, len(prompts), chunk):
+            ps, cs = prompts[s : s + chunk], completions[s : s + chunk]
+            q = full_logprobs(side, ps, cs, temperature)
+            side.engine.restore_adapter(side.adapter, p_weights, side.base)
+            try:
+                p = full_logprobs(side, ps, cs, temperature)
+            finally:
+                side.engine.restore_adapter(side.adapter, q_weights, side.base)
+            mask = completion_mask(cs, p.shape[1])
+            forward.append(token_kl_per_message(p, q, mask))
+            reverse.append(token_kl_per_message(q, p, mask))
+    empty = torch.zeros(0)
+    return MessageKL(
+        forward=torch.cat(forward) if forward else empty,
+        reverse=torch.cat(reverse) if reverse else empty,
+        tokens=torch.tensor([len(c) for c in completions], dtype=torch.float32),
+    )
