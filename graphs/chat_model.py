@@ -26,7 +26,7 @@ from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult, LLMResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
@@ -62,6 +62,9 @@ class EngineChatModel(BaseChatModel):
     sampling: SamplingParams = SamplingParams()
     chat_format: ChatFormat | None = None  # None: ChatFormat() (graphs/chat_format.py)
     role: str | None = None
+    # the role's system prompt, sent first when a call's messages have no system message of their own
+    # (graphs/role_models.py sets it from the Role; None or "" = messages are sent as given)
+    system_prompt: str | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -135,6 +138,7 @@ class EngineChatModel(BaseChatModel):
             sampling = replace(sampling, seed=kwargs["seed"])
         tools = kwargs.get("tools") or None
         tokenizer = engine.tokenizer(self.base_model)
+        messages = with_system_prompt(messages, self.system_prompt)
         prompt_ids = render_prompt_ids(tokenizer, messages, self.chat_format, tools)
         if wants_tokens(run_manager) and streams_tokens(engine):
             gen = await _generate_streaming(engine, run_manager, prompt_ids, adapter, sampling, self.base_model)
@@ -178,6 +182,13 @@ class EngineChatModel(BaseChatModel):
         if stray:
             episode.on_llm_end(LLMResult(generations=[result.generations]), run_id=run_manager.run_id)
         return result
+
+
+def with_system_prompt(messages: list[BaseMessage], system_prompt: str | None) -> list[BaseMessage]:
+    """`messages` with `system_prompt` first when it is set and none of them is a system message."""
+    if not system_prompt or any(isinstance(m, SystemMessage) for m in messages):
+        return messages
+    return [SystemMessage(system_prompt), *messages]
 
 
 def wants_tokens(run_manager: Any) -> bool:

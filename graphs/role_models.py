@@ -8,6 +8,10 @@
 sampling settings, or the chat model given for that role (e.g. `ChatOpenAI`). Every model carries the
 role in its call metadata (`teamtr_role`, `teamtr_adapter`, `teamtr_base_model`) so episode capture
 (graphs/capture.py) attributes each call to its role whichever model made it.
+
+An engine-backed role model sends the role's system prompt first when the messages a node passes have no
+system message (`EngineChatModel.system_prompt`); messages that carry one are sent as given. A chat
+model given for a role (`models=`) gets the messages exactly as the node passes them.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def role_chat_model(role: Role, engine: Any, chat_format: ChatFormat | None = No
         sampling=role.sampling,
         chat_format=chat_format,
         role=role.name,
+        system_prompt=role.system_prompt,
     )
 
 

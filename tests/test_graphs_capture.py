@@ -402,6 +402,28 @@ def test_unknown_role_is_named(engine):
         RoleModels(engine, roles(), {"nobody": team.raw_model("left")})
 
 
+def test_a_role_model_sends_the_role_system_prompt_when_the_messages_have_none(engine):
+    """issue 34 item 1: docs/graphs.md's `team.model("planner").ainvoke(state["messages"])` with the
+    task's messages alone reaches the model with the planner's system prompt first; a node that passes its
+    own system message is sent exactly that."""
+    from teamtr.graphs.chat_format import render_prompt_ids
+
+    team = RoleModels(engine, roles())
+    own = SystemMessage("A prompt of the node's own.")
+
+    async def act(state):
+        plain = await team.model("planner").ainvoke(state["messages"])
+        given = await team.model("left").ainvoke([own, *state["messages"]])
+        return {"messages": [plain, given]}
+
+    traj = GraphTeam(one_node_graph(act), roles=ROLE_NAMES).run(tasks(1), seed=0)[0]
+    tok = engine.tokenizer()
+    task = HumanMessage(tasks(1)[0].prompt)
+    planner, left = traj.turns
+    assert planner.prompt_ids == render_prompt_ids(tok, [SystemMessage("You are the planner."), task])
+    assert left.prompt_ids == render_prompt_ids(tok, [own, task])
+
+
 def test_an_episode_past_its_recursion_limit_says_so(engine):
     team = RoleModels(engine, roles())
 
