@@ -61,12 +61,26 @@ def train(
             trainer.dp.close()
         return
     with progress_bars() as progress:
-        trainer = Trainer(cfg, RichCallbacks(progress, roles_per_stage=0))
+        callbacks = RichCallbacks(progress, roles_per_stage=0, temperature=cfg.rollout.temperature)
+        trainer = Trainer(cfg, callbacks)
         summary = trainer.train()
     if trainer.dp is not None:
         trainer.dp.close()
     console.print_json(json.dumps(summary))
+    console.print(trained_line(summary))
     console.print(f"run directory: {cfg.run_dir} (metrics.jsonl, tensorboard/, adapters/<adapter>/v<N>/)")
+
+
+def trained_line(summary: dict[str, Any]) -> str:
+    """What the run learned, in one line under its summary: how many updates trained."""
+    trained, total = summary.get("updates_trained", 0), summary.get("updates", 0)
+    line = (
+        f"trained {trained} of {total} updates ({summary.get('updates_rejected', 0)} rejected by the trust "
+        f"region, {summary.get('updates_skipped_no_signal', 0)} skipped: no reward spread)"
+    )
+    if total and not trained:
+        line += "; [bold yellow]this run learned nothing[/]: its adapters are the ones it started from"
+    return line
 
 
 @app.command()

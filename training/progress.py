@@ -21,7 +21,10 @@ class TrainingProgress:
 
 def update_line(r: dict[str, Any]) -> str:
     """One concise line per update: role, reward, d_hat/delta, accepted or not, certificate term."""
-    verdict = "[green]accepted[/]" if r["accepted"] else "[red]rejected[/]"
+    if r.get("no_signal"):  # every advantage 0 (no reward spread in any group): nothing was tried
+        verdict = "[yellow]skipped (no signal)[/]"
+    else:
+        verdict = "[green]accepted[/]" if r["accepted"] else "[red]rejected[/]"
     back = f" ({r['backtracks']} backtracks)" if r["backtracks"] else ""
     gap = f" stale-gap {r['stale_gap']:.3f}" if r.get("stale_gap") is not None else ""
     ess = f" ESS/B {r['ess']:.2f}" if r.get("ess") is not None else ""
@@ -39,12 +42,54 @@ def update_line(r: dict[str, Any]) -> str:
     )
 
 
-class RichCallbacks(TrainingProgress):
-    """Progress bars for stage, role, rollouts and epochs; one printed line per update."""
+# how many updates from the start of a run must all be without signal before the run warns
+NO_SIGNAL_WARN_AFTER = 2
 
-    def __init__(self, progress: Progress, roles_per_stage: int) -> None:
+
+def no_signal_warning(records: list[dict[str, Any]], temperature: float | None = None) -> str | None:
+    """The warning a run prints once when its first NO_SIGNAL_WARN_AFTER updates all had no reward
+    spread (every episode of each prompt scored the same, so every advantage was 0 and nothing trained),
+    naming the likely causes; None otherwise."""
+    first = records[:NO_SIGNAL_WARN_AFTER]
+    if len(first) < NO_SIGNAL_WARN_AFTER or not all(r.get("no_signal") for r in first):
+        return None
+    reward = sum(r["reward"] for r in first) / len(first)
+    temp = f"rollout.temperature is {temperature:g}: " if temperature is not None else ""
+    if reward <= 0:
+        level = "every episode scored 0"
+    elif reward >= 1:
+        level = "every episode scored 1 (the task is too easy to learn from)"
+    else:
+        level = f"each prompt's episodes all scored alike (mean reward {reward:.3f})"
+    return (
+        f"warning: the first {len(first)} updates had no reward spread ({level}), so nothing was trained. "
+        f"Likely causes: the sampling temperature ({temp}a small base answers wrong every time at 1.0; "
+        "try 0.3-0.7), or a task too hard for the base model (check its greedy score: teamtr eval RUN_DIR "
+        "--stage 0; use easier tasks), or a reward that never varies (team.reward). Larger groups "
+        "(rollout.group_size) make a spread more likely."
+    )
+
+
+def trained_updates(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Updates by outcome: trained (accepted), rejected by the trust region, skipped (no signal)."""
+    skipped = sum(bool(r.get("no_signal")) for r in records)
+    trained = sum(bool(r["accepted"]) and not r.get("no_signal") for r in records)
+    return {
+        "updates_trained": trained,
+        "updates_rejected": len(records) - trained - skipped,
+        "updates_skipped_no_signal": skipped,
+    }
+
+
+class RichCallbacks(TrainingProgress):
+    """Progress bars for stage, role, rollouts and epochs; one printed line per update, and a warning
+    (once) when the run's first updates have no reward spread (`no_signal_warning`)."""
+
+    def __init__(self, progress: Progress, roles_per_stage: int, temperature: float | None = None) -> None:
         self.p = progress
         self.roles_per_stage = roles_per_stage
+        self.temperature = temperature
+        self.records: list[dict[str, Any]] = []
         self.stage_bar = progress.add_task("stages", total=None)
         self.role_bar = progress.add_task("roles", total=roles_per_stage)
         self.rollout_bar = progress.add_task("rollouts", total=None)
@@ -69,6 +114,11 @@ class RichCallbacks(TrainingProgress):
     def update(self, record: dict[str, Any]) -> None:
         self.p.update(self.role_bar, advance=1, description=f"roles (last: {record['role']})")
         self.p.console.print(update_line(record))
+        self.records.append(record)
+        if len(self.records) == NO_SIGNAL_WARN_AFTER:
+            warning = no_signal_warning(self.records, self.temperature)
+            if warning:
+                self.p.console.print(f"[bold yellow]{warning}[/]")
 
     def evaluation(self, label: str, result: dict[str, Any]) -> None:
         self.p.console.print(

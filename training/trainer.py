@@ -50,7 +50,7 @@ from teamtr.training.diagnostics import logprob_gap_summary, out_of_sample_summa
 from teamtr.training.distributed import DataParallel
 from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import MetricsLog
-from teamtr.training.progress import TrainingProgress
+from teamtr.training.progress import TrainingProgress, trained_updates
 from teamtr.training.rollouts import RolloutBatch
 from teamtr.training.run_dir import RunDir, RunDirError, model_path
 from teamtr.training.stage import run_stage
@@ -296,9 +296,11 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
     return {
         "stages": len(state.stage_certificates),
         "updates": state.step,
+        **trained_updates(updates),  # how many of them trained: accepted, rejected, skipped (no signal)
         "train_tokens": state.train_tokens,
         "diagnostic_tokens": state.diagnostic_tokens,
         "heldout_tokens": state.heldout_tokens,
+        "probe_tokens": state.probe_tokens,
         "train_prefill_tokens": state.train_prefill_tokens,
         "train_pass_tokens": state.train_pass_tokens,
         "eval_accuracy": [e["accuracy"] for e in state.evals],
