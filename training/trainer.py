@@ -300,7 +300,6 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "train_tokens": state.train_tokens,
         "diagnostic_tokens": state.diagnostic_tokens,
         "heldout_tokens": state.heldout_tokens,
-        "probe_tokens": state.probe_tokens,
         "train_prefill_tokens": state.train_prefill_tokens,
         "train_pass_tokens": state.train_pass_tokens,
         "eval_accuracy": [e["accuracy"] for e in state.evals],
