@@ -32,13 +32,16 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
 
 @app.command()
 def train(
-    config: Path = typer.Argument(..., help="YAML config (see examples/)"),
+    config: Path = typer.Argument(
+        ..., help="YAML config: every key, its default and what it does in docs/configuration.md (examples/)"
+    ),
     run_dir: str | None = typer.Option(None, help="override run_dir"),
     set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set optim.lr=1e-3"),
     nproc: int = typer.Option(1, min=1, help="data-parallel ranks on this machine (runs torchrun)"),
 ) -> None:
     """Fine-tune every role of a team with TeamTR (or a baseline schedule); resumes an interrupted run.
-    Under torchrun (or with --nproc K) each update is split over the ranks (docs/scale.md)."""
+    Under torchrun (or with --nproc K) each update is split over the ranks (docs/scale.md). Config keys:
+    docs/configuration.md."""
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # start K ranks of this same command
         args = [str(config), *(["--run-dir", run_dir] if run_dir else []), *(a for p in set_ for a in ("--set", p))]
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]

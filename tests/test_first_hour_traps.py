@@ -65,3 +65,42 @@ def test_run_summary_states_how_many_updates_trained():
     summary = run_summary(RunState(step=2), records)
     assert summary["updates_trained"] == 1 and summary["updates_skipped_no_signal"] == 1
     assert summary["rejected_fraction"] == 0.0
+
+
+# ---- item 4: a reference for every config key ------------------------------------------------------------
+
+
+def test_configuration_md_is_what_the_config_classes_generate():
+    from teamtr.training.config_doc import DOC_PATH, REGENERATE, config_reference
+
+    assert DOC_PATH.read_text() == config_reference(), (
+        f"docs/configuration.md is out of date with the config classes: run `{REGENERATE}`"
+    )
+    text = DOC_PATH.read_text()
+    assert REGENERATE in text.split("\n## ")[0]  # the command is at the top of the file
+    for key in (
+        "stages",
+        "rollout.prompts_per_update",
+        "rollout.group_size",
+        "optim.epochs",
+        "eval.stage_episodes",
+        "eval.temperature",
+        "trust_region.heldout_episodes",
+    ):
+        assert f"| `{key}` |" in text, key
+
+
+def test_every_fallback_note_names_a_config_key():
+    from teamtr.training.config_doc import NOTES, all_keys
+
+    assert set(NOTES) <= set(all_keys())
+
+
+def test_train_help_points_to_the_configuration_reference():
+    from typer.testing import CliRunner
+
+    from teamtr.cli.main import app
+
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "docs/configuration.md" in result.output
