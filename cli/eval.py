@@ -123,6 +123,15 @@ def _instances(task: str, limit: int, seed: int, knobs: list[dict], benchmarks_d
     return family, instances
 
 
+def default_temperature(temperature: float | None, k: int) -> float:
+    """The temperature `teamtr eval` samples at: the one given, else greedy (0, as training's held-out
+    evaluation and serving answer) for one episode per instance, 1.0 for k > 1 (k greedy episodes of an
+    instance would all be the same)."""
+    if temperature is not None:
+        return temperature
+    return 0.0 if k == 1 else 1.0
+
+
 @app.command("eval")
 def eval_command(
     team_or_run_dir: Annotated[
@@ -159,7 +168,22 @@ def eval_command(
         int | None,
         typer.Option(min=1, help="baseline's turns (default: one per team role; 1 = one long message)"),
     ] = None,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="default 0: greedy, as training's evaluation and serving answer; with -k above 1, 1.0 "
+            "(k greedy episodes of an instance would all be the same)",
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="a graph run: its held-out tasks from this JSONL file (rows as task.data's), scored as its "
+            "own tasks (default: the run's task.eval_data, else its training tasks)",
+        ),
+    ] = None,
     max_new_tokens: Annotated[
         int | None, typer.Option(min=1, help="per message (default: 96 for blocksworld's plans, else 32)")
     ] = None,
@@ -193,8 +217,13 @@ def eval_command(
     from teamtr.cli.graph_eval import graph_run_config
 
     graph_run = graph_run_config(team_or_run_dir)
+    temperature = default_temperature(temperature, k)
     if verifier is not None and graph_run is None:
         raise typer.BadParameter("--verifier applies to a run of a user's graph (team.graph)")
+    if data is not None and (graph_run is None or task is not None):
+        raise typer.BadParameter(
+            "--data applies to a run of a user's graph (team.graph), without --task", param_hint="--data"
+        )
     if task is None and graph_run is None:
         raise typer.BadParameter("--task is required (see --list-tasks)", param_hint="--task")
     if baseline not in (None, "best-of-n"):
@@ -221,6 +250,7 @@ def eval_command(
             Path(team_or_run_dir),
             family=family,
             instances=instances,
+            data=data,
             verifier=verifier,
             k=k,
             limit=limit,

@@ -89,6 +89,27 @@ def run_instances(family: TaskFamily, limit: int, seed: int) -> list[TaskInstanc
     return family.generate(min(limit, len(fixed)) if fixed is not None else limit, seed)
 
 
+def held_out_tasks(run: Any, data: Path | None) -> tuple[TaskFamily, str]:
+    """The tasks a graph run is evaluated on when no --task is named, and where they come from: --data FILE,
+    else the run's task.eval_data, else its training tasks (said to be so: they are not held out)."""
+    from teamtr.graphs.user_graph import UserGraphError, data_family
+
+    if data is not None:
+        try:
+            return data_family(str(data), run.config.task.name, key="--data", whole=True), f"--data {data}"
+        except UserGraphError as e:
+            raise typer.BadParameter(str(e), param_hint="--data") from None
+    if run.config.task.eval_data is not None:
+        return run.eval_task(), f"task.eval_data {run.config.task.eval_data}"
+    return run.task(), "the run's training tasks (not held out: give --data FILE or task.eval_data)"
+
+
+def versions_text(labels: tuple[str, str], role_versions: dict[str, dict[str, int]]) -> str:
+    """`v0 (planner v0, solver v0) vs newest (planner v3, solver v2)`."""
+    sides = [f"{label} ({', '.join(f'{r} v{v}' for r, v in role_versions[label].items())})" for label in labels]
+    return " vs ".join(sides)
+
+
 def _with_tokens(roles: list[Any], max_new_tokens: int | None) -> list[Any]:
     if max_new_tokens is None:
         return roles
@@ -103,6 +124,7 @@ def evaluate_graph_run(
     *,
     family: TaskFamily | None,
     instances: list[TaskInstance] | None,
+    data: Path | None = None,
     verifier: str | None,
     k: int,
     limit: int,
@@ -127,8 +149,9 @@ def evaluate_graph_run(
 
     run = RunDir(run_dir)
     team_cfg = run.config.team
-    if family is None:  # the run's own tasks
-        family = run.task()
+    tasks_from = "--task"
+    if family is None:  # the run's own tasks: --data, else task.eval_data, else the training list
+        family, tasks_from = held_out_tasks(run, data)
         instances = run_instances(family, limit, seed)
         scored_by = f"team.reward {team_cfg.reward}" if team_cfg.reward else f"the {family.name} verifier"
         rewarded = True
@@ -151,7 +174,12 @@ def evaluate_graph_run(
     results = {}
     baseline_result = None
     labels = ("v0", "newest" if stage is None else f"stage {stage}")
-    for label, versions in ((labels[0], run.stage_versions(0)), (labels[1], run.stage_versions(stage))):
+    compared = {labels[0]: run.stage_versions(0), labels[1]: run.stage_versions(stage)}
+    role_versions = {  # role -> the adapter version each side runs
+        label: {r.name: run.saved_adapters(v, roles)[r.adapter][0] for r in roles if r.adapter}
+        for label, v in compared.items()
+    }
+    for label, versions in compared.items():
         engine = run.engine(version=versions, threads=threads)
         team = run.team(roles, engine, temperature=temperature, name=run.path.resolve().name)
         runners = EngineRunners(engine, roles, family, temperature=temperature, max_new_tokens=budget, seed=seed)
@@ -170,9 +198,12 @@ def evaluate_graph_run(
         **after.as_dict(),
         "run": str(run.path),
         "scored_by": scored_by,
+        "tasks_from": tasks_from,
+        "temperature": temperature,
         "after": labels[1],
         "before": {"label": labels[0], **before.as_dict()},
         "change": change,
+        "versions": {"before": role_versions[labels[0]], "after": role_versions[labels[1]]},
     }
     out_dir = out or Path("runs") / "eval" / run.path.resolve().name
     after.save(out_dir)
@@ -183,7 +214,9 @@ def evaluate_graph_run(
         typer.echo(json.dumps(summary, indent=2))
         return summary
     console = Console()
-    console.print(f"{run.path}: graph {team_cfg.graph}, scored by {scored_by}")
+    console.print(f"{run.path}: graph {team_cfg.graph}, scored by {scored_by}, on {tasks_from}")
+    sampled = "greedy" if temperature == 0 else f"temperature {temperature:g}"
+    console.print(f"{sampled}; compared: {versions_text(labels, role_versions)}")
     print_result(after, console)
     console.print(comparison_table(before, after, change, labels))
     console.print(

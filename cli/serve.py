@@ -120,7 +120,23 @@ def _check_runs(source: Path) -> None:
         if not source.is_dir():
             return  # ServeConfig.from_yaml says: train it first
     if (source / CONFIG_FILE).is_file():
-        RunDir(source).base_paths()  # records base_models.json where the run has none
+        run = RunDir(source)
+        run.base_paths()  # records base_models.json where the run has none
+        warn_changed_code(source, run.config.team)
+
+
+def warn_changed_code(source: Path, team_cfg: Any) -> list[str]:
+    """Warn (one line per module) when the graph code a run names differs from the code it trained with
+    (RUN_DIR/code_digest.json, graphs/code_digest.py): its adapters learnt the old prompts. The lines."""
+    from teamtr.graphs.code_digest import changed_code
+
+    lines = changed_code(source, team_cfg)
+    for line in lines:
+        console.print(
+            f"[bold yellow]warning: {source}: {line}[/]: the run's adapters were trained with the old code; "
+            "serving it as it is now (retrain, or restore the module, to serve what was trained)"
+        )
+    return lines
 
 
 async def _serve_forever(config: ServeConfig) -> None:

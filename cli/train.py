@@ -38,12 +38,17 @@ def train(
     run_dir: str | None = typer.Option(None, help="override run_dir"),
     set_: list[str] = typer.Option([], "--set", help="override a field, e.g. --set optim.lr=1e-3"),
     nproc: int = typer.Option(1, min=1, help="data-parallel ranks on this machine (runs torchrun)"),
+    restart: bool = typer.Option(
+        False, "--restart", help="start the run in run_dir over (its files move to RUN_DIR/previous/N/)"
+    ),
 ) -> None:
     """Fine-tune every role of a team with TeamTR (or a baseline schedule); resumes an interrupted run.
     Under torchrun (or with --nproc K) each update is split over the ranks (docs/scale.md). Config keys:
-    docs/configuration.md."""
+    docs/configuration.md. A run that trained no update yet starts over by itself when its config changed;
+    --restart starts over any run."""
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # start K ranks of this same command
         args = [str(config), *(["--run-dir", run_dir] if run_dir else []), *(a for p in set_ for a in ("--set", p))]
+        args += ["--restart"] if restart else []
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         raise typer.Exit(subprocess.call([*command, "-m", "teamtr.cli", "train", *args]))
     overrides = _overrides(set_)
@@ -57,6 +62,10 @@ def train(
     from teamtr.training.trainer import Trainer
 
     check_config(cfg, config)  # ... and the task, router, roles and graph, before anything is written
+    if restart and os.environ.get("RANK", "0") == "0":  # the earlier run moves aside; the trainer starts anew
+        from teamtr.training.run_dir import RunDir
+
+        RunDir.create(cfg, restart=True)
     if os.environ.get("RANK", "0") != "0":  # another rank: no progress bars, no summary
         trainer = Trainer(cfg)
         trainer.train()

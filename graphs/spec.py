@@ -45,6 +45,11 @@ class TaskConfig(_Strict):
     # task a line: `prompt` or a graph `input`, optional `answer` and `id`) or `module:function` returning
     # a TaskFamily or a list of TaskInstance; None = the task family `name`
     data: str | None = None
+    # held-out tasks for the run's evaluations, as `data` names them (a JSONL file or `module:function`):
+    # training's held-out return (eval.stage_episodes of them, each at most once) and `teamtr eval RUN_DIR`
+    # are scored on these; None = held-out prompts drawn with `eval_seed` from the task family or, with
+    # `data`, from the training list itself (not held out)
+    eval_data: str | None = None
 
 
 class TeamConfig(_Strict):

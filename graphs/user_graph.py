@@ -146,16 +146,18 @@ def check_order(order: list[str] | None, roles: list[Role]) -> list[Role]:
 @dataclass
 class DataFamily:
     """A fixed list of tasks as a TaskFamily: `generate(n, seed)` draws n of them (with replacement when
-    n exceeds the list); `verify` is an exact match on the answer (a run's team.reward replaces it)."""
+    n exceeds the list, unless `whole`: then at most the whole list, each task once, as a held-out file is
+    scored); `verify` is an exact match on the answer (a run's team.reward replaces it)."""
 
     name: str
     tasks: list[TaskInstance]
     description: str = "tasks from a data file"
+    whole: bool = False
 
     def generate(self, n: int, seed: int, **difficulty: Any) -> list[TaskInstance]:
         rng = random.Random(seed)
-        if n <= len(self.tasks):
-            return rng.sample(self.tasks, n)
+        if n <= len(self.tasks) or self.whole:
+            return rng.sample(self.tasks, min(n, len(self.tasks)))
         return [rng.choice(self.tasks) for _ in range(n)]
 
     def extract_answer(self, response: str) -> str | None:
@@ -167,7 +169,7 @@ class DataFamily:
         return float(response.strip() == str(instance.answer).strip())
 
 
-def read_jsonl_tasks(path: Path) -> list[TaskInstance]:
+def read_jsonl_tasks(path: Path, key: str = "task.data") -> list[TaskInstance]:
     tasks = []
     for n, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -175,9 +177,9 @@ def read_jsonl_tasks(path: Path) -> list[TaskInstance]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserGraphError(f"task.data {path}:{n}: not JSON ({e})") from None
+            raise UserGraphError(f"{key} {path}:{n}: not JSON ({e})") from None
         if not isinstance(row, dict) or ("prompt" not in row and "input" not in row):
-            raise UserGraphError(f"task.data {path}:{n}: want an object with 'prompt' or 'input'")
+            raise UserGraphError(f"{key} {path}:{n}: want an object with 'prompt' or 'input'")
         meta = {"input": row["input"]} if "input" in row else {}
         prompt = row.get("prompt") or json.dumps(row.get("input"))
         tasks.append(
@@ -186,21 +188,24 @@ def read_jsonl_tasks(path: Path) -> list[TaskInstance]:
             )
         )
     if not tasks:
-        raise UserGraphError(f"task.data {path}: no tasks")
+        raise UserGraphError(f"{key} {path}: no tasks")
     return tasks
 
 
-def data_family(spec: str, name: str, base_dir: Path | None = None) -> TaskFamily:
-    """The TaskFamily `task.data` names: a JSONL file, or `module:function` returning a TaskFamily or a
-    list of TaskInstance."""
+def data_family(
+    spec: str, name: str, base_dir: Path | None = None, *, key: str = "task.data", whole: bool = False
+) -> TaskFamily:
+    """The TaskFamily `task.data` (or `key`, e.g. task.eval_data) names: a JSONL file, or `module:function`
+    returning a TaskFamily or a list of TaskInstance. `whole`: a fixed list is drawn at most whole, without
+    repeats (held-out tasks, each scored once)."""
     path = Path(spec) if base_dir is None or Path(spec).is_absolute() else base_dir / spec
     if spec.endswith((".jsonl", ".json")) or path.is_file():
         if not path.is_file():
-            raise UserGraphError(f"task.data {spec!r}: no such file")
-        return DataFamily(name, read_jsonl_tasks(path))
-    made = load_function(spec, "task.data")()
+            raise UserGraphError(f"{key} {spec!r}: no such file")
+        return DataFamily(name, read_jsonl_tasks(path, key), whole=whole)
+    made = load_function(spec, key)()
     if isinstance(made, TaskFamily):
         return made
     if isinstance(made, list) and made and all(isinstance(t, TaskInstance) for t in made):
-        return DataFamily(name, made)
-    raise UserGraphError(f"task.data {spec!r} returned a {type(made).__name__}, not a TaskFamily or tasks")
+        return DataFamily(name, made, whole=whole)
+    raise UserGraphError(f"{key} {spec!r} returned a {type(made).__name__}, not a TaskFamily or tasks")

@@ -19,6 +19,7 @@ from langgraph.graph import END, START, StateGraph
 from serving_fixtures import serve_in_background, write_versions
 
 from teamtr.graphs.capture import describe_error, run_episode
+from teamtr.graphs.run_layout import read_metrics
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.trace_store import read_spans
 from teamtr.serving.tracing import EXCEPTION_MESSAGE, EXCEPTION_TYPE, OP_AGENT
@@ -116,4 +117,7 @@ def test_the_first_held_out_evaluation_names_where_it_failed(broken_run, tmp_pat
         Trainer(cfg).train()
     text = str(caught.value)
     assert text.startswith("held-out evaluation 'at the start' failed: KeyError: 'revisor'")
-    assert "in graph 'eval', node 'answer', task " in text
+    # the user's graph, not the trainer's internal name for its evaluation team (issue 34 item 5)
+    assert f"in graph '{broken.__name__}:build', node 'answer', task " in text
+    (failed,) = read_metrics(cfg.run_dir, kind="failed")  # the run records why it stopped
+    assert "revisor" in failed["error"] and failed["where"] == "run"

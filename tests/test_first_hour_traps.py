@@ -3,7 +3,10 @@ comes back. Fast: no model is trained here."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import pytest
 
 from teamtr.training.progress import no_signal_warning, trained_updates, update_line
 
@@ -104,3 +107,117 @@ def test_train_help_points_to_the_configuration_reference():
     result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "docs/configuration.md" in result.output
+
+
+# ---- item 3: held-out evaluation of a user's data --------------------------------------------------------
+
+
+def test_teamtr_eval_is_greedy_by_default():
+    from teamtr.cli.eval import default_temperature
+
+    assert default_temperature(None, 1) == 0.0  # as training's held-out evaluation and serving answer
+    assert default_temperature(None, 4) == 1.0  # k greedy episodes would all be the same
+    assert default_temperature(0.7, 1) == 0.7
+
+
+def test_eval_data_is_drawn_whole_and_apart_from_the_training_list(tmp_path):
+    from teamtr.graphs.user_graph import data_family
+
+    held = tmp_path / "held.jsonl"
+    held.write_text(
+        "".join(
+            json.dumps({"id": f"h{i}", "prompt": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(3)
+        )
+    )
+    family = data_family(str(held), "mine", key="task.eval_data", whole=True)
+    assert sorted(t.id for t in family.generate(128, seed=5)) == ["h0", "h1", "h2"]  # each once, no repeats
+    assert len(data_family(str(held), "mine").generate(8, seed=5)) == 8  # training draws with repeats
+
+
+def test_a_missing_eval_data_file_is_refused_by_its_key(tiny_model_dir, tmp_path):
+    from teamtr.training.run_dir import RunDirError, check_config
+
+    cfg = small_config(tiny_model_dir, tmp_path / "run", **{"task.eval_data": str(tmp_path / "nope.jsonl")})
+    with pytest.raises(RunDirError, match=r"task.eval_data .*nope.jsonl.*no such file"):
+        check_config(cfg, "my.yaml")
+
+
+# ---- item 5: run directories that forgive -----------------------------------------------------------------
+
+
+def small_config(model, run_dir, **overrides):
+    from teamtr.training.config import TrainConfig
+
+    return TrainConfig.from_dict(
+        {"run_dir": str(run_dir), "stages": 1, "team": {"model": str(model), "lora_rank": 4}}
+    ).with_overrides(overrides)
+
+
+def _records(run_dir, *records):
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_run_that_trained_nothing_starts_over_with_the_fixed_config(tiny_model_dir, tmp_path):
+    from teamtr.training.config_file import read_config
+    from teamtr.training.run_dir import RunDir, RunRestartedWarning
+
+    cfg = small_config(tiny_model_dir, tmp_path / "run")
+    RunDir.create(cfg)
+    _records(tmp_path / "run", {"kind": "update", "accepted": False, "no_signal": True}, {"kind": "failed"})
+    fixed = cfg.with_overrides({"rollout.temperature": 0.5})
+    with pytest.warns(RunRestartedWarning, match=r"rollout.temperature: 1.0 -> 0.5.*trained 0 update"):
+        run = RunDir.create(fixed)
+    assert run.config.rollout.temperature == 0.5
+    assert read_config(run.path / "previous" / "1" / "config.yaml").rollout.temperature == 1.0
+    assert (run.path / "previous" / "1" / "metrics.jsonl").is_file()
+    assert not (run.path / "metrics.jsonl").exists()  # the new run starts from nothing
+
+
+def test_a_run_that_trained_names_the_keys_that_differ_and_the_flag_that_restarts(tiny_model_dir, tmp_path):
+    from teamtr.training.run_dir import RunDir, RunDirError, RunRestartedWarning
+
+    cfg = small_config(tiny_model_dir, tmp_path / "run")
+    RunDir.create(cfg)
+    _records(tmp_path / "run", {"kind": "update", "accepted": True})
+    fixed = cfg.with_overrides({"optim.lr": 1e-3})
+    with pytest.raises(RunDirError, match=r"optim.lr: 0.0002 -> 0.001.*trained 1 update.*--restart"):
+        RunDir.create(fixed)
+    with pytest.warns(RunRestartedWarning):
+        assert RunDir.create(fixed, restart=True).config.optim.lr == 1e-3
+    assert (tmp_path / "run" / "previous" / "1" / "metrics.jsonl").is_file()
+    from typer.testing import CliRunner
+
+    from teamtr.cli.main import app
+
+    assert "--restart" in CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
+
+
+def test_a_failed_run_records_why_once(tmp_path):
+    from teamtr.graphs.run_layout import read_metrics
+    from teamtr.training.run_dir import record_failure
+
+    _records(tmp_path, {"kind": "eval", "step": 3})
+    record_failure(tmp_path, KeyError("revisor"))
+    record_failure(tmp_path, KeyError("revisor"))  # the last record is already the failure
+    (failed,) = read_metrics(tmp_path, kind="failed")
+    assert failed == {"kind": "failed", "step": 3, "where": "run", "error": "KeyError: 'revisor'"}
+
+
+def test_serving_a_run_whose_graph_module_changed_warns(tmp_path, monkeypatch):
+    from teamtr.cli.serve import warn_changed_code
+    from teamtr.graphs.code_digest import CODE_DIGEST_FILE, changed_code, record_code_digest
+    from teamtr.graphs.spec import TeamConfig
+
+    module = tmp_path / "first_hour_graph.py"
+    module.write_text("def build(models):\n    return None\n\ndef roles():\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    team = TeamConfig(graph="first_hour_graph:build", roles="first_hour_graph:roles")
+    run = tmp_path / "run"
+    run.mkdir()
+    record_code_digest(run, team)
+    assert "first_hour_graph" in json.loads((run / CODE_DIGEST_FILE).read_text())
+    assert changed_code(run, team) == []
+    module.write_text(module.read_text().replace("return None", "return 'new prompts'"))
+    (line,) = changed_code(run, team)
+    assert "first_hour_graph" in line and "changed since the run trained" in line
+    assert warn_changed_code(run, team) == [line]

@@ -33,7 +33,8 @@ GRAPH = {"graph": "examples.review_loop:build", "roles": "examples.review_loop:r
 def review_loop_config(run_dir: Path, **team) -> TrainConfig:
     """examples/review_loop.yaml as a user has it (no team.model unless given), in `run_dir`."""
     data = yaml.safe_load((ROOT / "examples" / "review_loop.yaml").read_text())
-    data["task"]["data"] = str(ROOT / data["task"]["data"])
+    for key in ("data", "eval_data"):
+        data["task"][key] = str(ROOT / data["task"][key])
     data["team"].pop("model", None)
     data["team"].update(team)
     return TrainConfig.from_dict({**data, "run_dir": str(run_dir)})
@@ -63,7 +64,8 @@ def test_the_run_config_names_the_base_a_graph_trains_on(tmp_path):
     assert saved["team"]["model"] == "smollm2"  # not null: what a person reading config.yaml needs
     assert run.model_path() == "smollm2" and run.base_paths() == {"base": "smollm2"}
     assert RunDir.create(given).path == run.path  # the same user config resumes the run
-    with pytest.raises(RunDirError, match="different config"):
+    (run.path / "metrics.jsonl").write_text(json.dumps({"kind": "update", "accepted": True}) + "\n")
+    with pytest.raises(RunDirError, match="different config"):  # once it trained
         RunDir.create(given.with_overrides({"team.model": "HuggingFaceTB/SmolLM2-360M-Instruct"}))
 
 

@@ -21,13 +21,60 @@ def review_run(tmp_path_factory) -> Path:
     from teamtr.training.warmstart import tiny_random_model
 
     root = tmp_path_factory.mktemp("graph-eval")
-    cfg = example_config("review_loop", str(tiny_random_model(root / "model")), root / "run")
+    # eval.stage_episodes above the held-out file's 12 tasks: training's held-out return scores each once
+    cfg = example_config(
+        "review_loop", str(tiny_random_model(root / "model")), root / "run", **{"eval.stage_episodes": 16}
+    )
     train(cfg)
     return Path(cfg.run_dir)
 
 
+HELDOUT = Path(__file__).resolve().parent.parent / "examples" / "review_loop_heldout.jsonl"
+
+
+def _ids(path: Path) -> list[str]:
+    return [json.loads(line)["id"] for line in path.read_text().splitlines()]
+
+
+def test_training_and_eval_score_the_held_out_file_not_the_training_list(review_run, tmp_path):
+    """issue 34 item 3: task.eval_data is what training's held-out return and `teamtr eval` score."""
+    from teamtr.graphs.run_layout import read_metrics
+
+    # the run pins its graph code (issue 34 item 5): serving warns when the module has changed since
+    assert "examples.review_loop" in json.loads((review_run / "code_digest.json").read_text())
+    evals = read_metrics(review_run, kind="eval")
+    assert evals and all(e["episodes"] == len(_ids(HELDOUT)) == 12 for e in evals)  # each held-out task once
+    out = _eval(review_run, tmp_path)  # default: the run's task.eval_data
+    assert out["tasks_from"] == f"task.eval_data {HELDOUT}"
+    assert set(_ids(tmp_path / "episodes.jsonl")) <= set(_ids(HELDOUT))
+    own = tmp_path / "mine.jsonl"
+    own.write_text("".join(line + "\n" for line in HELDOUT.read_text().splitlines()[:3]))
+    out = _eval(review_run, tmp_path / "data", "--data", str(own))  # --limit 4 > 3 rows: the whole file
+    assert out["tasks_from"] == f"--data {own}" and out["instances"] == 3
+    assert sorted(_ids(tmp_path / "data" / "episodes.jsonl")) == sorted(_ids(own))
+
+
+def test_eval_is_greedy_by_default_and_names_the_versions_it_compares(review_run, tmp_path):
+    """issue 34 item 3: one episode per instance is greedy, as training's evaluation and serving; the
+    result names each role's adapter version on both sides."""
+    result = cli.invoke(
+        app, ["eval", str(review_run), "--limit", "2", "--out", str(tmp_path)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "greedy; compared: v0 (solver v0, reviewer v0, planner v0, finalizer v0) vs newest (" in result.output
+    )
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["temperature"] == 0.0 and saved["k"] == 1
+    assert saved["versions"]["before"] == {"solver": 0, "reviewer": 0, "planner": 0, "finalizer": 0}
+    assert set(saved["versions"]["after"]) == set(saved["versions"]["before"])
+    assert _eval(review_run, tmp_path / "k2")["temperature"] == 1.0  # -k 2: sampled
+
+
 def _eval(run: Path, out: Path, *args: str) -> dict:
-    result = cli.invoke(app, ["eval", str(run), "--limit", "4", "-k", "2", "--json", "--out", str(out), *args])
+    result = cli.invoke(
+        app, ["eval", str(run), "--limit", "4", "-k", "2", "--json", "--out", str(out), *args]
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -37,6 +84,9 @@ def test_a_graph_run_is_scored_by_its_reward_before_and_after(review_run, tmp_pa
     assert out["scored_by"] == "team.reward examples.review_loop:reward"
     assert out["instances"] == 4 and out["k"] == 2 and out["episodes"] == 8
     assert out["before"]["instances"] == 4 and out["after"] == "newest"
+    assert out["tasks_from"].startswith(
+        "task.eval_data"
+    )  # the run's held-out file (examples/review_loop.yaml)
     records = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     # the run's reward: 1 right value, 0.5 a number, 0 none
     assert all(r in (0.0, 0.5, 1.0) for rec in records for r in rec["rewards"])
@@ -75,7 +125,9 @@ def test_best_of_n_on_a_state_reward_and_a_bad_verifier_are_clear_errors(review_
     assert refused.exit_code != 0 and "--verifier" in refused.output and "final state" in refused.output
     bad = cli.invoke(app, [*args, "--verifier", "examples.review_loop:nothing"])
     assert bad.exit_code != 0 and "examples.review_loop:nothing" in bad.output
-    not_graph = cli.invoke(app, ["eval", "warm", "--task", "chain", "--verifier", "examples.review_loop:verify"])
+    not_graph = cli.invoke(
+        app, ["eval", "warm", "--task", "chain", "--verifier", "examples.review_loop:verify"]
+    )
     assert not_graph.exit_code != 0 and "--verifier applies to a run of a user's graph" in not_graph.output
 
 

@@ -4,6 +4,8 @@ errors as the commands see them."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import torch
@@ -156,7 +158,9 @@ def test_the_engine_uses_the_runs_lora_settings(tiny_model_dir, tmp_path):
 def test_a_run_refuses_a_different_config_and_names_bad_fields(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run")
     RunDir.create(cfg)
-    with pytest.raises(RunDirError, match="different config"):
+    # a run that trained an update (an untrained one starts over: tests/test_first_hour_traps.py)
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"kind": "update", "accepted": True}) + "\n")
+    with pytest.raises(RunDirError, match=r"different config .*seed: 0 -> 7.* --restart"):
         RunDir.create(cfg.with_overrides({"seed": 7}))
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump({"rollout": {"max_new_tokens": 16, "beam_width": 2}}))

@@ -36,8 +36,9 @@ def tiny_model(tmp_path_factory) -> str:
 
 def example_config(name: str, model: str, run_dir: Path, **overrides) -> TrainConfig:
     data = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
-    if "data" in data["task"]:
-        data["task"]["data"] = str(ROOT / data["task"]["data"])
+    for key in ("data", "eval_data"):
+        if key in data["task"]:
+            data["task"][key] = str(ROOT / data["task"][key])
     small = {
         "run_dir": str(run_dir),
         "stages": 1,

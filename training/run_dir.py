@@ -13,14 +13,25 @@ warm-started base model (built once, then recorded in the run as base_models.jso
 from __future__ import annotations
 
 import json
+import shutil
+import warnings
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
+from teamtr.graphs.capture import describe_error
+from teamtr.graphs.code_digest import record_code_digest
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.loading import ConfigObjectError, load_object
 from teamtr.graphs.roles import Role
-from teamtr.graphs.run_layout import BASES_FILE, CONFIG_FILE, RunDirError, RunFiles
+from teamtr.graphs.run_layout import (
+    BASES_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    RunDirError,
+    RunFiles,
+    read_metrics,
+)
 from teamtr.graphs.spec import SpecError, TaskConfig, TeamConfig, default_model, team_options, team_roles
 from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.user_graph import UserGraphError, data_family
@@ -83,10 +94,73 @@ def check_config(cfg: TrainConfig, source: str | Path) -> None:
             load_object(cfg.team.graph, "team.graph")
         if cfg.task.data is not None:
             data_family(cfg.task.data, cfg.task.name)
+        if cfg.task.eval_data is not None:
+            data_family(cfg.task.eval_data, cfg.task.name, key="task.eval_data")
         if (reference := default_model(cfg.team)) is not None:
             check_reference(reference)  # a missing folder, or smollm2 without its package
     except (SpecError, ConfigObjectError, ModelReferenceError) as e:
         raise RunDirError(f"{source}: {e}") from None
+
+
+PREVIOUS_DIR = "previous"  # RUN_DIR/previous/N/: the files of a run started over (RunDir.create)
+
+
+class RunRestartedWarning(UserWarning):
+    """A run directory's earlier run was moved aside and the run starts over."""
+
+
+def trained_update_count(path: Path) -> int:
+    """Updates the run in `path` trained (accepted; not rejected, not skipped for lack of signal)."""
+    if not (path / METRICS_FILE).is_file():
+        return 0
+    updates = read_metrics(path, kind="update")
+    return sum(bool(u.get("accepted")) and not u.get("no_signal") for u in updates)
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], most: int = 6) -> str:
+    """`key: old -> new` for the keys two configs differ in (at most `most`, then how many more)."""
+    a, b = _flat(old), _flat(new)
+    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+    shown = [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys[:most]]
+    more = f" and {len(keys) - most} more" if len(keys) > most else ""
+    return "differs in " + "; ".join(shown) + more
+
+
+def set_aside(path: Path) -> Path:
+    """Move everything in run directory `path` (but earlier set-asides) to path/previous/N/; that folder."""
+    root = path / PREVIOUS_DIR
+    n = 1 + max((int(p.name) for p in root.glob("*") if p.name.isdigit()), default=0)
+    target = root / str(n)
+    target.mkdir(parents=True)
+    for entry in path.iterdir():
+        if entry.name != PREVIOUS_DIR:
+            shutil.move(str(entry), target / entry.name)
+    return target
+
+
+def record_failure(path: Path, error: BaseException) -> None:
+    """A `failed` record in the run's metrics.jsonl saying why the run stopped, unless its last record is
+    already one (a failed rollout batch writes its own, naming the stage and rollout)."""
+    metrics = path / METRICS_FILE
+    records = read_metrics(path) if metrics.is_file() else []
+    if records and records[-1].get("kind") == "failed":
+        return
+    step = records[-1].get("step", 0) if records else 0
+    with open(metrics, "a") as f:
+        f.write(
+            json.dumps({"kind": "failed", "step": step, "where": "run", "error": describe_error(error)})
+            + "\n"
+        )
 
 
 def _default_roles(task: str, **kwargs: Any) -> list[Role]:
@@ -115,23 +189,49 @@ class RunDir(RunFiles):
         return self.config.team, self.config.task
 
     @classmethod
-    def create(cls, cfg: TrainConfig) -> RunDir:
+    def create(cls, cfg: TrainConfig, restart: bool = False) -> RunDir:
         """The run directory of `cfg` (cfg.run_dir): made and given cfg's config.yaml (with the default base
         it gets named: `with_default_model`), or, when it holds a run already, checked to hold this same
-        config (a resume; a run written before a graph's default was named keeps its `model: null`)."""
+        config (a resume; a run written before a graph's default was named keeps its `model: null`).
+
+        A run there with another config is started over with `cfg` when it trained no update (a failed
+        start, fixed), or when `restart` (`teamtr train --restart`): its files move to RUN_DIR/previous/N/
+        (a RunRestartedWarning says so). A run that trained is refused otherwise, naming the keys that
+        differ. The modules the config names are digested into code_digest.json (graphs/code_digest.py)."""
         path = Path(cfg.run_dir)
         saved = path / CONFIG_FILE
         given, cfg = cfg, with_default_model(cfg)
-        if not saved.exists():  # a config that cannot run leaves no run directory behind
-            check_config(cfg, saved)
+        if saved.exists():
+            old = read_config(saved).to_dict()
+            differs = old not in (cfg.to_dict(), given.to_dict())
+            trained = trained_update_count(path)
+            if differs and trained and not restart:
+                raise RunDirError(
+                    f"{path} holds a run with a different config ({saved}: {config_differences(old, cfg.to_dict())}) "
+                    f"that trained {trained} update(s): resume it with that config, choose another run_dir "
+                    f"(--run-dir), or start it over with `teamtr train CONFIG --restart` (its files move to "
+                    f"{path / PREVIOUS_DIR}/N/)"
+                )
+            if differs or restart:
+                check_config(cfg, saved)  # the new config can run before the old run is moved aside
+                moved = set_aside(path)
+                why = (
+                    "--restart"
+                    if restart and not differs
+                    else f"config changed: {config_differences(old, cfg.to_dict())}"
+                )
+                warnings.warn(
+                    RunRestartedWarning(
+                        f"{path}: started over ({why}; it had trained {trained} update(s)); its files are in {moved}"
+                    ),
+                    stacklevel=2,
+                )
+        else:
+            check_config(cfg, saved)  # a config that cannot run leaves no run directory behind
         path.mkdir(parents=True, exist_ok=True)
         if not saved.exists():
             cfg.to_yaml(saved)
-        elif read_config(saved).to_dict() not in (cfg.to_dict(), given.to_dict()):
-            raise RunDirError(
-                f"{path} holds a run with a different config ({saved}); resume it with that config or "
-                "choose another run_dir"
-            )
+        record_code_digest(path, cfg.team)
         return cls(path)
 
     def task(self) -> TaskFamily:
@@ -143,6 +243,18 @@ class RunDir(RunFiles):
             except UserGraphError as e:
                 raise RunDirError(f"{self.path / CONFIG_FILE}: {e}") from None
         return get_task(self.config.task.name, **self.config.task.options)
+
+    def eval_task(self) -> TaskFamily:
+        """The tasks the run's held-out evaluations draw from: `task.eval_data` (each task at most once),
+        else the task family itself (with `task.data`: the training list, drawn with task.eval_seed)."""
+        if self.config.task.eval_data is None:
+            return self.task()
+        try:
+            return data_family(
+                self.config.task.eval_data, self.config.task.name, key="task.eval_data", whole=True
+            )
+        except UserGraphError as e:
+            raise RunDirError(f"{self.path / CONFIG_FILE}: {e}") from None
 
     def lora(self) -> LoraSettings:
         return lora_settings(self.config)

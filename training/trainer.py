@@ -52,7 +52,7 @@ from teamtr.training.llm_team import LLMStageTeam, RunState
 from teamtr.training.metrics import MetricsLog
 from teamtr.training.progress import TrainingProgress, trained_updates
 from teamtr.training.rollouts import RolloutBatch
-from teamtr.training.run_dir import RunDir, RunDirError, model_path
+from teamtr.training.run_dir import RunDir, RunDirError, model_path, record_failure
 from teamtr.training.stage import run_stage
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
@@ -104,6 +104,10 @@ class Trainer:
         rollout_engine = run.rollout_engine(engine, roles) if main else engine
         try:
             return self._run(run, roles, task, engine, rollout_engine)
+        except Exception as e:
+            if main:
+                record_failure(self.run_dir, e)  # a failed run says why in its metrics.jsonl
+            raise
         finally:
             if isinstance(rollout_engine, VLLMRollouts):
                 rollout_engine.close()  # a server launched for the run ends with it
@@ -146,7 +150,7 @@ class Trainer:
             for r in roles:  # v0: the adapters the run starts from
                 save_peft_adapter(engine.model(r.base_model), r.adapter, run.adapter_dir(r.adapter, 0))
 
-        evaluate = self._stage_evaluation(roles, engine, task)
+        evaluate = self._stage_evaluation(roles, engine, run.eval_task())  # task.eval_data, else the task
         if not state.evals:
             state.evals.append(evaluate("at the start"))
             metrics.log("eval", state.step, stage=0, **state.evals[-1])  # stage 0: the start
@@ -203,7 +207,10 @@ class Trainer:
     ) -> Callable[[str], dict[str, Any]]:
         """label -> held-out return on the same eval.stage_episodes tasks every time (greedy by default)."""
         cfg = self.cfg
-        eval_team = build_team(cfg.team, roles, engine, temperature=cfg.eval.temperature, name="eval")
+        # errors name the user's graph (team.graph), not an internal name
+        eval_team = build_team(
+            cfg.team, roles, engine, temperature=cfg.eval.temperature, name=cfg.team.graph or "eval"
+        )
         tasks = (
             task.generate(cfg.eval.stage_episodes, seed=cfg.task.eval_seed) if cfg.eval.stage_episodes else []
         )
