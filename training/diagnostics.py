@@ -21,9 +21,9 @@ from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, surrogate
-from teamtr.training.vocab_kl import Side, completion_mask, full_logprobs, token_kl_per_message
+from teamtr.training.vocab_kl import Side, message_divergences
 
-MONITOR_CHUNK = 8  # messages per forward pass of the held-out KL check ([M, T, V] log-probs)
+MONITOR_CHUNK = 8  # messages per forward pass of the held-out KL check (vocabulary in chunks of positions)
 
 
 def logprob_gap(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
@@ -193,29 +193,14 @@ class OutOfSampleKL:
         )
 
     def per_message(self) -> torch.Tensor:
-        """[M] KL(pi_cur || pi_new) of each held-out message (pi_T at the policy's temperature)."""
+        """[M] KL(pi_cur || pi_new) of each held-out message (pi_T at the policy's temperature), chunked by
+        positions (training/vocab_kl.py `message_divergences`); sets `log_ratios` from the same passes."""
         policy = self.policy
         side = Side(policy.engine, policy.base, policy.adapter)
-        after = policy.weights()
-        out: list[torch.Tensor] = []
-        ratios: list[torch.Tensor] = []
-        with torch.no_grad():
-            for s in range(0, len(self.prompts), MONITOR_CHUNK):
-                prompts, completions = (
-                    self.prompts[s : s + MONITOR_CHUNK],
-                    self.completions[s : s + MONITOR_CHUNK],
-                )
-                new = full_logprobs(side, prompts, completions, policy.temperature)
-                policy.load_weights(self.weights_before)  # pi_cur, then pi_new back exactly
-                try:
-                    cur = full_logprobs(side, prompts, completions, policy.temperature)
-                finally:
-                    policy.load_weights(after)
-                mask = completion_mask(completions, cur.shape[1])
-                out.append(token_kl_per_message(cur, new, mask))
-                ratios.append(sampled_log_ratio(cur, new, completions, mask))
-        self.log_ratios = torch.cat(ratios)
-        return torch.cat(out)
+        kl, self.log_ratios = message_divergences(
+            side, self.prompts, self.completions, self.weights_before, policy.temperature, MONITOR_CHUNK
+        )
+        return kl.forward
 
     def heldout_surrogate(self) -> tuple[float, float, int] | None:
         """(L_ho, its standard error, episodes) of the update just measured by `per_message`: the
@@ -250,17 +235,6 @@ class OutOfSampleKL:
             "left_region_out_of_sample": effective > delta,
             "delta_eff": effective,  # the step really taken, in the units of delta (logged beside it)
         }
-
-
-def sampled_log_ratio(
-    cur: torch.Tensor, new: torch.Tensor, completions: list[list[int]], mask: torch.Tensor
-) -> torch.Tensor:
-    """[M] sum over a message's tokens of log pi_new - log pi_cur of the sampled token ([M, T, V] log-probs)."""
-    ids = torch.zeros(mask.shape, dtype=torch.long)
-    for i, c in enumerate(completions):
-        ids[i, : len(c)] = torch.tensor(c)
-    pick = ids.unsqueeze(-1)
-    return ((new.gather(-1, pick) - cur.gather(-1, pick)).squeeze(-1) * mask).sum(-1)
 
 
 def out_of_sample_summary(updates: list[dict]) -> dict[str, float | None]:

@@ -144,6 +144,9 @@ class LLMStageTeam:
                 optimizer,
                 temperature=cfg.rollout.temperature,
                 data_parallel=data_parallel,
+                token_budget=cfg.optim.logprob_token_budget,
+                gradient_checkpointing=cfg.optim.gradient_checkpointing,
+                bf16_autocast=cfg.optim.bf16_autocast,
             )
             self.state.betas.setdefault(r.name, cfg.trust_region.beta_init)
         self.sampler = TeamSampler(

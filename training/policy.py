@@ -9,17 +9,40 @@ splits each log-prob computation over the ranks and sums their gradients (traini
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded_scoring import enable_body_checkpointing
 from teamtr.training.distributed import DataParallel
 from teamtr.training.rollouts import RoleMessages, padded_logprobs
 from teamtr.training.token_counts import pass_tokens
 from teamtr.training.trust_region import AdapterState
 
-SCORE_CHUNK = 64  # messages per forward pass when computing log-probs
+SCORE_CHUNK = 64  # at most this many messages per forward pass when computing log-probs
+# ... and at most this many padded tokens (messages x the longest prompt + completion among them); a longer
+# message goes alone. 16,384 keeps 64 messages per pass where messages are short (the tiny models'), 16 at
+# 1,024 tokens (training/config.py OptimConfig.logprob_token_budget)
+TOKEN_BUDGET = 16_384
+
+
+def budget_chunks(lengths: list[int], budget: int, max_messages: int = SCORE_CHUNK) -> list[tuple[int, int]]:
+    """[start, end) message ranges, in order, one per forward pass: each at most `max_messages` messages
+    and `budget` padded tokens (count x longest of `lengths`, prompt + completion tokens), or one message.
+    Fixed by the lengths alone, so the same messages always meet in the same passes."""
+    chunks: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if i > start and ((i + 1 - start) * wider > budget or i - start >= max_messages):
+            chunks.append((start, i))
+            start, wider = i, n
+        longest = wider
+    if lengths:
+        chunks.append((start, len(lengths)))
+    return chunks
 
 
 @dataclass
@@ -36,6 +59,17 @@ class AdapterPolicy:
     data_parallel: DataParallel | None = None  # torchrun: this rank's share of every log-prob pass
     # tokens of every log-prob pass so far (all ranks' shares): training/token_counts.py count 3
     passed_tokens: int = 0
+    # padded prompt + completion tokens per forward pass (OptimConfig.logprob_token_budget)
+    token_budget: int = TOKEN_BUDGET
+    # checkpoint the model body's layers in passes with a gradient (OptimConfig.gradient_checkpointing);
+    # switched on for the whole base model, never off again in this process
+    gradient_checkpointing: bool = False
+    # log-prob passes under bfloat16 autocast when the model is on a CUDA device (OptimConfig.bf16_autocast)
+    bf16_autocast: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gradient_checkpointing:
+            enable_body_checkpointing(self.engine.model(self.base))
 
     def logp(self, msgs: RoleMessages, grad: bool) -> torch.Tensor:
         """[M, T] log pi_T(x_u | s, x_<u) of msgs' completion tokens (padding 0). Data parallel: this
@@ -52,11 +86,25 @@ class AdapterPolicy:
         if len(msgs) == 0:
             return torch.zeros_like(msgs.mask)
 
-        def fn(p: list[list[int]], c: list[list[int]]) -> list[torch.Tensor]:
-            return self.engine.token_logprobs(p, c, self.adapter, self.base, self.temperature)
+        with torch.set_grad_enabled(grad):  # one call: `_passes` splits the messages by the token budget
+            return padded_logprobs(self._passes, msgs, len(msgs))
 
-        with torch.set_grad_enabled(grad):
-            return padded_logprobs(fn, msgs, SCORE_CHUNK)
+    def _passes(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
+        """Per-message log pi_T, one forward pass per `budget_chunks` range."""
+        out: list[torch.Tensor] = []
+        lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+        with self._autocast():
+            for s, e in budget_chunks(lengths, self.token_budget):
+                out += self.engine.token_logprobs(
+                    prompts[s:e], completions[s:e], self.adapter, self.base, self.temperature
+                )
+        return out
+
+    def _autocast(self) -> AbstractContextManager:
+        device = next(self.engine.model(self.base).parameters()).device
+        if self.bf16_autocast and device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
 
     def sync_gradients(self) -> None:
         """After backward: data parallel, the gradients summed over the ranks; one process, nothing."""
@@ -70,17 +118,8 @@ class AdapterPolicy:
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """Per-message log pi_T of completions at the current weights, without a gradient."""
         self.passed_tokens += pass_tokens(prompts, completions)
-        out: list[torch.Tensor] = []
         with torch.no_grad():
-            for s in range(0, len(prompts), SCORE_CHUNK):
-                out += self.engine.token_logprobs(
-                    prompts[s : s + SCORE_CHUNK],
-                    completions[s : s + SCORE_CHUNK],
-                    self.adapter,
-                    self.base,
-                    self.temperature,
-                )
-        return out
+            return self._passes(prompts, completions)
 
     def snapshot(self) -> Callable[[], None]:
         """Save the LoRA tensors and the AdamW state; the returned function restores them bit for bit."""

@@ -1,21 +1,36 @@
 """Exact next-token KL over the whole vocabulary at the positions of sampled messages.
 
-`full_logprobs` gives log pi(. | s, x_<u) at every position of a message, `token_kl_per_message` sums
-the exact per-position KL(p || q) over a message's tokens: by the chain rule, with the message sampled
-from p, an unbiased estimate of KL(p(m|s) || q(m|s)) with no sampling noise inside a position. Used by
-Stage-0 of a role swap (training/swap/stage0.py) and by the trainer's out-of-sample trust-region monitor
-(training/diagnostics.py `OutOfSampleKL`).
+`message_kl` / `message_divergences` give the exact per-message KLs between two weight sets of one adapter,
+chunked by positions (serving/engines/embedded_scoring.py's pieces: the body's hidden states at completion
+positions only, the LM head and both log-softmaxes a chunk of positions at a time), so no [M, T, V] tensor
+exists for a batch: the trainer's paths (the enforced trust region, training/diagnostics.py `OutOfSampleKL`).
+`full_logprobs` gives log pi(. | s, x_<u) at every completion position as one [M, T, V] tensor (prompt
+positions never reach the LM head), `token_kl_per_message` sums the exact per-position KL(p || q) over a
+message's tokens: by the chain rule, with the message sampled from p, an unbiased estimate of
+KL(p(m|s) || q(m|s)) with no sampling noise inside a position. Used by Stage-0 of a role swap
+(training/swap/stage0.py), whose mixture target needs the whole distributions.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded_scoring import (
+    LOGIT_CHUNK_BYTES,
+    CompletionStates,
+    completion_states,
+    in_chunks,
+    position_chunk,
+)
+
+# the KL holds several [chunk, V] float32 tensors at once (two log-softmaxes, their exps, differences)
+KL_CHUNK_BYTES = LOGIT_CHUNK_BYTES // 4
 
 
 @dataclass
@@ -30,38 +45,46 @@ class Side:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer(self.base)
 
+    def states(self, prompts: list[list[int]], completions: list[list[int]]) -> CompletionStates:
+        """The body's last hidden states at the completion positions under this side's weights (grads on
+        when enabled). Call it inside `active()`, and apply the LM head there too."""
+        return completion_states(
+            self.engine.model(self.base), self.tokenizer.pad_token_id, prompts, completions
+        )
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """This side's adapter (or none) is the one the model applies."""
+        model = self.engine.model(self.base)
+        if not hasattr(model, "disable_adapter"):
+            yield
+        elif self.adapter is None:
+            with model.disable_adapter():
+                yield
+        else:
+            model.set_adapter(self.adapter)
+            yield
+
 
 def full_logprobs(
     side: Side, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0
 ) -> torch.Tensor:
     """[M, T, V] log pi(. | prompt, x_<u) at each completion position (right-padded to T; grads on);
     at `temperature` T != 1 those of pi_T = softmax(logits / T)."""
-    model = side.engine.model(side.base)
-    pad = side.tokenizer.pad_token_id
-    seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    peft = hasattr(model, "disable_adapter")
-    if peft and side.adapter is None:
-        ctx = model.disable_adapter()
-    else:
-        if peft:
-            model.set_adapter(side.adapter)
-        ctx = nullcontext()
-    with ctx:
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    t_max = max(len(c) for c in completions)
-    out = logp.new_zeros((len(seqs), t_max, logp.shape[-1]))
-    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        out[i, : len(c)] = logp[i, len(p) - 1 : len(p) - 1 + len(c)]
-    return out
+    with side.active():
+        s = side.states(prompts, completions)
+        head = s.head
+
+        def logp(h: torch.Tensor) -> torch.Tensor:
+            return torch.log_softmax(head.logits(h, temperature), dim=-1)
+
+        vocab = head.module.weight.shape[0]
+        rows = in_chunks(logp, len(s.targets), position_chunk(vocab), s.hidden) if len(s.targets) else []
+    flat = torch.cat(rows) if rows else s.hidden.new_zeros((0, vocab), dtype=torch.float32)
+    t_max = max(s.lengths)
+    out = flat.new_zeros((len(prompts), t_max, vocab))
+    pos = torch.cat([torch.arange(n) for n in s.lengths]).to(flat.device)
+    return out.index_put((s.message_index(), pos), flat)
 
 
 def completion_mask(completions: list[list[int]], width: int) -> torch.Tensor:
@@ -100,6 +123,58 @@ class MessageKL:
         raise ValueError(f"unknown KL direction {direction!r} (forward, reverse, max)")
 
 
+def position_divergences(p: CompletionStates, q: CompletionStates, temperature: float = 1.0) -> torch.Tensor:
+    """[N, 3] at each completion position: exact KL(p || q), exact KL(q || p) (sums over the vocabulary) and
+    log q - log p of the sampled token, a chunk of positions at a time (never all positions' [N, V])."""
+
+    def parts(hp: torch.Tensor, hq: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        lp = torch.log_softmax(p.head.logits(hp, temperature), dim=-1)
+        lq = torch.log_softmax(q.head.logits(hq, temperature), dim=-1)
+        diff = lp - lq
+        forward = (lp.exp() * diff).sum(-1)
+        reverse = -(lq.exp() * diff).sum(-1)
+        return torch.stack([forward, reverse, -diff.gather(-1, t[:, None]).squeeze(-1)], dim=-1)
+
+    n = len(p.targets)
+    if n == 0:
+        return torch.zeros((0, 3), device=p.hidden.device)
+    chunk = position_chunk(p.head.module.weight.shape[0], KL_CHUNK_BYTES)
+    return torch.cat(in_chunks(parts, n, chunk, p.hidden, q.hidden, p.targets))
+
+
+Messages = list[list[int]]
+Weights = dict[str, torch.Tensor]
+
+
+def message_divergences(
+    side: Side, prompts: Messages, completions: Messages, before: Weights, t: float = 1.0, chunk: int = 8
+) -> tuple[MessageKL, torch.Tensor]:
+    """`message_kl`'s KLs (p = the adapter at weights `before`, q = as it is now, both pi_T at temperature
+    `t`) and, per message, sum_u log q(x_u) - log p(x_u) of its sampled tokens ([M]), from the same forward
+    passes. Without gradients; the adapter holds q's weights again when this returns. `chunk` messages'
+    hidden states at a time; the vocabulary a chunk of positions at a time."""
+    q_weights = side.engine.snapshot_adapter(side.adapter, side.base)
+    per_message: list[torch.Tensor] = []
+    with torch.no_grad(), side.active():
+        for s in range(0, len(prompts), chunk):
+            ps, cs = prompts[s : s + chunk], completions[s : s + chunk]
+            q = side.states(ps, cs)
+            side.engine.restore_adapter(side.adapter, before, side.base)
+            try:
+                p = side.states(ps, cs)
+            finally:
+                side.engine.restore_adapter(side.adapter, q_weights, side.base)
+            sums = torch.zeros((len(ps), 3), device=p.hidden.device)
+            per_message.append(sums.index_add_(0, p.message_index(), position_divergences(p, q, t)).cpu())
+    sums = torch.cat(per_message) if per_message else torch.zeros((0, 3))
+    kl = MessageKL(
+        forward=sums[:, 0],
+        reverse=sums[:, 1],
+        tokens=torch.tensor([len(c) for c in completions], dtype=torch.float32),
+    )
+    return kl, sums[:, 2]
+
+
 def message_kl(
     side: Side,
     prompts: list[list[int]],
@@ -111,24 +186,5 @@ def message_kl(
     """Exact per-message KLs between p = the adapter at `p_weights` and q = the adapter as it is now.
 
     Without gradients; the adapter holds q's weights again when this returns. At most `chunk` messages'
-    log-probs are held at once."""
-    q_weights = side.engine.snapshot_adapter(side.adapter, side.base)
-    forward, reverse = [], []
-    with torch.no_grad():
-        for s in range(0, len(prompts), chunk):
-            ps, cs = prompts[s : s + chunk], completions[s : s + chunk]
-            q = full_logprobs(side, ps, cs, temperature)
-            side.engine.restore_adapter(side.adapter, p_weights, side.base)
-            try:
-                p = full_logprobs(side, ps, cs, temperature)
-            finally:
-                side.engine.restore_adapter(side.adapter, q_weights, side.base)
-            mask = completion_mask(cs, p.shape[1])
-            forward.append(token_kl_per_message(p, q, mask))
-            reverse.append(token_kl_per_message(q, p, mask))
-    empty = torch.zeros(0)
-    return MessageKL(
-        forward=torch.cat(forward) if forward else empty,
-        reverse=torch.cat(reverse) if reverse else empty,
-        tokens=torch.tensor([len(c) for c in completions], dtype=torch.float32),
-    )
+    hidden states are held at once, and the vocabulary-wide log-probs of a chunk of positions."""
+    return message_divergences(side, prompts, completions, p_weights, temperature, chunk)[0]
