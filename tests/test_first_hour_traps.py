@@ -4,6 +4,8 @@ comes back. Fast: no model is trained here."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,3 +223,45 @@ def test_serving_a_run_whose_graph_module_changed_warns(tmp_path, monkeypatch):
     (line,) = changed_code(run, team)
     assert "first_hour_graph" in line and "changed since the run trained" in line
     assert warn_changed_code(run, team) == [line]
+
+
+# ---- item 6: the docs and the demo's output ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_docs_give_traces_commands_their_database():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        bare = re.findall(r"`teamtr traces (?:list|show)`", page.read_text())
+        assert not bare, f"{page.name}: {bare} (the command needs the run directory or traces.db)"
+
+
+def test_the_readme_quotes_the_certificate_correlation_make_demo_writes():
+    training = (ROOT / "docs" / "training.md").read_text()
+    (measured,) = re.findall(r"certificate rank correlation (-?\d\.\d+); no stage below", training)
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if "rank correlation |" in line]
+    assert f"**{measured}** in `make demo`" in row
+
+
+def test_the_threads_caveat_for_the_demo_team_is_stated():
+    readme = (ROOT / "README.md").read_text()
+    assert "never saw a threaded context" in readme
+    assert "The demo team is not a chat team" in (ROOT / "docs" / "serving.md").read_text()
+
+
+def test_the_demo_table_names_the_kept_stage():
+    from rich.console import Console
+
+    from teamtr.training.demo import result_table
+
+    def shown(selected, stages, vetoed):
+        console = Console(record=True, width=120)
+        before, after, last = {"accuracy": 0.45}, {"accuracy": 0.59}, {"accuracy": 0.55}
+        console.print(result_table(before, after, last, selected, stages, vetoed))
+        return console.export_text()
+
+    assert "after TeamTR: stage 8 of 8 (kept)" in shown(8, 8, False)
+    text = shown(5, 8, False)
+    assert "stage 5 of 8 (kept)" in text and "after the last stage (8 of 8)" in text
+    text = shown(5, 8, True)
+    assert "warm start (kept: no stage beat it)" in text and "stage 5 of 8 (chosen, not kept)" in text

@@ -95,3 +95,22 @@ def test_eval_plots_put_each_interval_on_its_estimate(tmp_path, figures):
     plot_result(result, tmp_path / "baseline")
     bars = [c for c in figures["pass_at_k.png"].axes[0].containers if isinstance(c, ErrorbarContainer)]
     assert sorted(b.lines[2][0].get_segments()[0].tolist()[0][0] for b in bars) == [4.0, 4.0]  # 8 x 15/30
+
+
+def test_stale_gap_and_certificate_plots_carry_error_bars_and_a_caption(tmp_path, figures):
+    """issue 34 item 6: the stale gap per index is points with +-1 SE over the stages (not a line joining
+    two means), and the certificate plot gives each stage's improvement its error bar and says that a
+    Spearman over a few stages within their noise is no evidence either way."""
+    run = tmp_path / "run"
+    write_run(run, [0.30, 0.45, 0.50, 0.48], episodes=100)
+    write_report([run], tmp_path / "report")
+    stale = figures["stale_gap.png"].axes[0]
+    (bars,) = [c for c in stale.containers if isinstance(c, ErrorbarContainer)]
+    assert bars.lines[0].get_linestyle() == "None"  # markers only
+    cert = figures["certificate_vs_improvement.png"]
+    (bars,) = [c for c in cert.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    _, _, (segments,) = bars.lines
+    half = [(seg[1][1] - seg[0][1]) / 2 for seg in segments.get_segments()]
+    pairs = [(0.30, 0.45), (0.45, 0.50), (0.50, 0.48)]
+    assert half == pytest.approx([((a * (1 - a) + b * (1 - b)) / 100) ** 0.5 for a, b in pairs])
+    assert any("Spearman over 3 stages" in t.get_text() for t in cert.texts)

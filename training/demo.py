@@ -221,15 +221,7 @@ def run_demo(
         "plots": [str(p) for p in plots],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    table = Table(title="TeamTR demo: chain arithmetic, 3 roles (held-out tasks)")
-    table.add_column("team")
-    table.add_column("accuracy", justify="right")
-    table.add_row("warm start", f"{before['accuracy']:.1%}")
-    label = "after TeamTR" if selected == summary["stages"] else f"after stage {selected} (chosen)"
-    table.add_row(label + (" (not kept)" if vetoed else ""), f"{after['accuracy']:.1%}")
-    if selected != summary["stages"]:
-        table.add_row(f"after the last stage ({summary['stages']})", f"{result['last']['accuracy']:.1%}")
-    console.print(table)
+    console.print(result_table(before, after, result["last"], selected, summary["stages"], vetoed))
     console.print(
         f"{after['episodes']} held-out episodes each; {summary['seconds']:.0f} s in all; warm model "
         f"{'shipped' if summary['weights_shipped'] else 'built here'}, weights sha256 {str(weights)[:12]}"
@@ -247,6 +239,22 @@ def run_demo(
     stage_flag = "" if kept == summary["stages"] else f" --stage {kept}"
     console.print(f"serve the team reported above: teamtr serve {run_dir}{stage_flag}")
     return summary
+
+
+def result_table(
+    before: dict[str, Any], after: dict[str, Any], last: dict[str, Any], selected: int, stages: int, vetoed: bool
+) -> Table:
+    """The demo's final table: the warm start, the stage chosen (named, with whether it is the one kept)
+    and, when another, the last stage; the kept row is marked, as README's Serve section says it prints."""
+    table = Table(title="TeamTR demo: chain arithmetic, 3 roles (held-out tasks)")
+    table.add_column("team")
+    table.add_column("accuracy", justify="right")
+    table.add_row("warm start" + (" (kept: no stage beat it)" if vetoed else ""), f"{before['accuracy']:.1%}")
+    verdict = "chosen, not kept" if vetoed else "kept"
+    table.add_row(f"after TeamTR: stage {selected} of {stages} ({verdict})", f"{after['accuracy']:.1%}")
+    if selected != stages:
+        table.add_row(f"after the last stage ({stages} of {stages})", f"{last['accuracy']:.1%}")
+    return table
 
 
 def _se(acc: dict[str, Any]) -> float:

@@ -29,10 +29,11 @@ from teamtr.training.certificate import rank_correlation  # noqa: E402
 from teamtr.training.warmstart.shipped import weights_digest  # noqa: E402
 
 
-def _save(fig, path: Path, footer: str) -> Path:
-    """Every report figure ends the same way: laid out, the weights' digests in the footer, written as a
-    PNG, closed."""
-    fig.tight_layout(rect=(0, 0.04, 1, 1) if footer else None)
+def _save(fig, path: Path, footer: str, bottom: float = 0.0) -> Path:
+    """Every report figure ends the same way: laid out (above `bottom`, a caption's room, and the footer),
+    the weights' digests in the footer, written as a PNG, closed."""
+    low = max(bottom, 0.04 if footer else 0.0)
+    fig.tight_layout(rect=(0, low, 1, 1) if low else None)
     if footer:
         fig.text(0.01, 0.01, footer, fontsize=6, color="gray")
     fig.savefig(path, dpi=120)
@@ -154,21 +155,40 @@ def _kl_per_update(runs: dict, path: Path, footer: str) -> Path:
 
 
 def _certificate_vs_improvement(runs: dict, path: Path, footer: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6, 4.6))
+    stages = 0
     for name, run in runs.items():
         measured = [s for s in run["stage"] if s.get("realised_improvement") is not None]
         xs = [s["certificate"] for s in measured]
         ys = [s["realised_improvement"] for s in measured]
+        n = run["eval"][0].get("episodes", 0) if run.get("eval") else 0
+        # each improvement is the difference of two held-out returns: +-1 SE of that difference
+        se = [
+            (binomial_se(s.get("eval_before"), n) ** 2 + binomial_se(s.get("eval_after"), n) ** 2) ** 0.5
+            for s in measured
+        ]
         rho = rank_correlation(xs, ys) if xs else None
         tag = f" (Spearman {rho:.2f})" if rho is not None else ""
-        ax.scatter(xs, ys, label=name + tag)
+        if n and xs:
+            ax.errorbar(xs, ys, yerr=se, fmt="o", capsize=3, label=name + tag)
+        else:
+            ax.scatter(xs, ys, label=name + tag)
+        stages = max(stages, len(xs))
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xlabel("stage certificate C (held-out form; proxy without held-out episodes)")
     ax.set_ylabel("realised improvement (held-out return)")
-    ax.set_title("Certificate vs realised improvement")
+    ax.set_title("Certificate vs realised improvement per stage (bars: +-1 SE)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path, footer)
+    # a caption: a rank correlation over a few stages whose improvements sit within their noise says little
+    fig.text(
+        0.01,
+        0.04,
+        f"Spearman over {stages} stages. Where the improvements sit inside their error bars its sign can be\n"
+        "noise: read it as prediction (or anti-prediction) only when the bars are clear of 0.",
+        fontsize=7,
+    )
+    return _save(fig, path, footer, bottom=0.13)
 
 
 def _stale_gap(runs: dict, path: Path, footer: str) -> Path:
@@ -180,11 +200,18 @@ def _stale_gap(runs: dict, path: Path, footer: str) -> Path:
                 by_index[u["index"]].append(u["stale_gap"])
         if by_index:
             idx = sorted(by_index)
-            ax.plot(idx, [float(np.mean(by_index[i])) for i in idx], marker="o", label=name)
+            means = [float(np.mean(by_index[i])) for i in idx]
+            # +-1 SE over the stages measured at each index; points, not a line: the indices are categories
+            se = [
+                float(np.std(by_index[i], ddof=1) / len(by_index[i]) ** 0.5) if len(by_index[i]) > 1 else 0.0
+                for i in idx
+            ]
+            counts = "/".join(str(len(by_index[i])) for i in idx)
+            ax.errorbar(idx, means, yerr=se, fmt="o", capsize=3, label=f"{name} (stages per index: {counts})")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("update index i within the stage")
     ax.set_ylabel("stale gap |L_hat(stage-start) - L_hat(fresh)|")
-    ax.set_title("Stale gap per update index")
+    ax.set_title("Stale gap per update index (mean over stages; bars: +-1 SE)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
