@@ -70,6 +70,7 @@ def candidate_info(candidate: Candidate | None) -> CandidateInfo | None:
         episodes=candidate.episodes,
         canary_episodes=candidate.canary_episodes,
         total_canary_episodes=candidate.total_canary_episodes,
+        shadow=candidate.shadow,
     )
 
 
@@ -136,7 +137,7 @@ def admin_router(
         paths = {a: confined(v.path, f"versions.{a}.path") for a, v in body.versions.items()}
         try:
             candidate = await registry.load_candidate(
-                {a: (paths[a], v.version) for a, v in body.versions.items()}, body.lineage
+                {a: (paths[a], v.version) for a, v in body.versions.items()}, body.lineage, shadow=body.shadow
             )
             registry.set_canary_share(body.share)
         except AdapterError as e:
@@ -197,9 +198,12 @@ def admin_router(
         team: str | None = Query(None, min_length=1, max_length=128),
         since_ns: int = Query(0, ge=0, le=SQLITE_INT_MAX, description="episodes started at or after"),
         limit: int | None = Query(None, ge=1, le=MAX_EPISODES, description="the newest this many"),
+        shadows: bool = Query(False, description="with the canary's shadow episodes (serving/episodes.py)"),
     ) -> ServedEpisodesResponse:
         store = await flushed_store()
-        found = await asyncio.to_thread(served_episodes, store, team=team, since_ns=since_ns, limit=limit)
+        found = await asyncio.to_thread(
+            served_episodes, store, team=team, since_ns=since_ns, limit=limit, shadows=shadows
+        )
         return ServedEpisodesResponse(episodes=found)
 
     @router.get("/admin/feedback-episodes", response_model=FeedbackTrajectoriesResponse)

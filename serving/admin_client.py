@@ -67,12 +67,15 @@ class AdminClient:
         versions: dict[str, tuple[str | Path, int | None]],
         lineage: dict[str, Any] | None = None,
         share: float = 0.0,
+        shadow: bool = False,
     ) -> CandidateInfo:
-        """Validate and load a candidate version of each adapter (adapter -> (path, version)), none current."""
+        """Validate and load a candidate version of each adapter (adapter -> (path, version)), none current;
+        `shadow`: each canary request is answered again by the incumbent (not returned), for pairing."""
         body = {
             "versions": {a: {"path": str(p), "version": v} for a, (p, v) in versions.items()},
             "lineage": lineage or {},
             "share": share,
+            "shadow": shadow,
         }
         return CandidateInfo.model_validate(self._request("POST", "/admin/candidate", body))
 
@@ -100,9 +103,11 @@ class AdminClient:
         return ImproveReport.model_validate(self._request("POST", "/admin/improve", report.model_dump()))
 
     def episodes(
-        self, team: str | None = None, since_ns: int = 0, limit: int | None = None
+        self, team: str | None = None, since_ns: int = 0, limit: int | None = None, shadows: bool = False
     ) -> list[ServedEpisode]:
-        data = self._request("GET", f"/admin/episodes?{_query(team, since_ns, limit)}")
+        """`shadows`: with the canary's shadow episodes (the incumbent's unreturned answers)."""
+        query = _query(team, since_ns, limit) + ("&shadows=true" if shadows else "")
+        data = self._request("GET", f"/admin/episodes?{query}")
         return ServedEpisodesResponse.model_validate(data).episodes
 
     def feedback_episodes(

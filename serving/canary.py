@@ -25,6 +25,9 @@ class Candidate:
     episodes: int = 0  # episodes drawn since the share was last set
     canary_episodes: int = 0  # of them, pinned to the candidate
     total_canary_episodes: int = 0  # over the candidate's life
+    # each canary episode is answered again by the incumbent on the same request, a shadow episode whose
+    # answer is not returned (serving/episodes.py), so the canary can compare the two on the same prompt
+    shadow: bool = False
 
     def set_share(self, share: float) -> None:
         if not 0.0 <= share <= 1.0:

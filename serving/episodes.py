@@ -6,11 +6,22 @@ Each episode pins the current version of every adapter its team uses for its who
 Turns are recorded by a LangChain callback as each chat-model call ends, so turn spans and streamed
 turn chunks go out while the episode is still running; with a token sink the same callback forwards each
 turn's text pieces as the engine decodes them (graphs/chat_model.py `wants_tokens`).
+
+Shadow episodes (a candidate under canary with `shadow`, serving/canary.py): an episode that pinned the
+candidate is answered a second time, concurrently, by the incumbent's versions on the same request (same
+task, chat messages, seed, sampling, and a copy of the thread's state as it was before the canary episode
+ran), so `teamtr improve` compares the two on the same prompt. The shadow's answer is never returned; it
+adds nothing to the conversation, gets no feedback (its span has a conversation id of its own) and is
+traced with `teamtr.canary.shadow`; the two spans share `teamtr.canary.pair_id`. Its cost: one more
+episode per canary episode, outside the admission gate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -20,17 +31,20 @@ from uuid import UUID
 from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
+from langgraph.checkpoint.memory import InMemorySaver
 
 from teamtr.graphs.capture import node_path
 from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_reply
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
-from teamtr.serving.conversations import Conversations
+from teamtr.serving.conversations import Conversations, thread_config
 from teamtr.serving.exploration import EXPLORATION_KEY
 from teamtr.serving.protocol import TurnInfo
-from teamtr.serving.registry import AdapterRegistry
-from teamtr.serving.tracing import TeamTracer
+from teamtr.serving.registry import AdapterRegistry, AdapterVersion, Pins
+from teamtr.serving.tracing import PAIR_ID, SHADOW, TeamTracer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -157,6 +171,7 @@ class ServedEpisodeRunner:
     ) -> None:
         self.registry, self.tracer, self.conversations = registry, tracer, conversations
         self.on_trajectory = on_trajectory
+        self.shadows: set[asyncio.Task] = set()  # shadow episodes under way (serving/canary.py)
 
     async def run(
         self,
@@ -191,16 +206,23 @@ class ServedEpisodeRunner:
             meta = {"messages": list(messages)} if messages else {}
             instance = TaskInstance(id=completion_id, prompt=task, answer=None, meta=meta)
             tracer = self.tracer
+            # no await between the pin and the hold: the shadow gets the incumbent this episode drew against
+            shadow = self.registry.hold_shadow(pinned) if tracer is not None else None
+            pair_id = uuid.uuid4().hex if shadow is not None else None
+            if shadow is not None:
+                saver = (
+                    await _copy_thread(checkpointer, conversation_id) if checkpointer is not None else None
+                )
+                run = self._shadow(name, team, instance, shadow, pair_id, seed, graph, saver, conversation_id)
+                job = asyncio.create_task(run)
+                self.shadows.add(job)
+                job.add_done_callback(self.shadows.discard)
             span_cm = tracer.episode(name, conversation_id, task) if tracer is not None else nullcontext()
             with span_cm as span:
-                recorder = TurnRecorder(
-                    self.tracer, span, conversation_id, on_turn, observe_turn, on_token
-                )
-                config: dict[str, Any] = {"callbacks": [recorder]}
-                threaded: dict[str, Any] = {}
-                if checkpointer is not None:
-                    config["configurable"] = {"thread_id": conversation_id}
-                    threaded["checkpointer"] = checkpointer
+                if pair_id is not None:
+                    span.set_attribute(PAIR_ID, pair_id)
+                recorder = TurnRecorder(self.tracer, span, conversation_id, on_turn, observe_turn, on_token)
+                config, threaded = _run_config(recorder, checkpointer, conversation_id)
                 trajectory = await (graph or team.team).arun(
                     instance, seed=seed, adapter_pins=pins, config=config, **threaded
                 )
@@ -216,3 +238,58 @@ class ServedEpisodeRunner:
         return EpisodeResult(
             trajectory, versions, "length" if finish == "length" else "stop", time.perf_counter() - started
         )
+
+    async def _shadow(
+        self,
+        name: str,
+        team: ServedTeam,
+        instance: TaskInstance,
+        held: tuple[Pins, list[AdapterVersion]],
+        pair_id: str,
+        seed: int | None,
+        graph: Team | None,
+        saver: Any | None,
+        thread_id: str,
+    ) -> None:
+        """The incumbent's answer to a canary episode's request, traced, never returned (the module's doc)."""
+        pinned, versions_held = held
+        try:
+            pins = {role: pinned[adapter] for role, adapter in team.adapters.items()}
+            tracer = self.tracer
+            assert tracer is not None  # hold_shadow is asked only with a tracer
+            with tracer.episode(name, f"shadow-{pair_id}", instance.prompt) as span:
+                span.set_attributes({PAIR_ID: pair_id, SHADOW: True})
+                recorder = TurnRecorder(tracer, span, f"shadow-{pair_id}", None)
+                config, threaded = _run_config(recorder, saver, thread_id)
+                trajectory = await (graph or team.team).arun(
+                    instance, seed=seed, adapter_pins=pins, config=config, **threaded
+                )
+                tracer.finish_episode(span, trajectory, {role: v for role, (_, v) in pins.items()})
+        except Exception as e:  # the canary leaves a pair without its shadow out (canary.py SHADOW_LOST)
+            log.warning("shadow episode %s failed: %s", pair_id, e)
+        finally:
+            await self.registry.release(versions_held)
+
+
+def _run_config(
+    recorder: TurnRecorder, checkpointer: Any | None, thread_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run config of an episode (its turn recorder; the thread it continues, with a checkpointer) and
+    the keyword arguments that give the graph that checkpointer."""
+    config: dict[str, Any] = {"callbacks": [recorder]}
+    threaded: dict[str, Any] = {}
+    if checkpointer is not None:
+        config["configurable"] = {"thread_id": thread_id}
+        threaded["checkpointer"] = checkpointer
+    return config, threaded
+
+
+async def _copy_thread(saver: Any, thread_id: str) -> InMemorySaver:
+    """The thread's latest state in a saver of its own: the shadow sees the conversation as the canary
+    episode does, and adds nothing to it."""
+    copy = InMemorySaver()
+    found = await saver.aget_tuple(thread_config(thread_id))
+    if found is not None:
+        checkpoint = found.checkpoint
+        await copy.aput(thread_config(thread_id), checkpoint, found.metadata, checkpoint["channel_versions"])
+    return copy

@@ -328,6 +328,7 @@ class CandidateInfo(BaseModel):
     episodes: int  # drawn since the share was set
     canary_episodes: int  # of them, on the candidate
     total_canary_episodes: int
+    shadow: bool = False  # each canary episode also answered by the incumbent (serving/episodes.py)
 
 
 class AdapterListResponse(BaseModel):
@@ -423,6 +424,10 @@ class CandidateLoadRequest(BaseModel):
     versions: dict[str, CandidateVersion] = Field(min_length=1)
     lineage: dict[str, Any] = Field(default_factory=dict)
     share: float = Field(0.0, ge=0, le=1, description="share of new episodes it serves at once")
+    shadow: bool = Field(
+        False,
+        description="answer each canary request again with the incumbent (a shadow episode, not returned)",
+    )
 
 
 class CanaryShareRequest(BaseModel):
@@ -450,6 +455,10 @@ class ServedEpisode(BaseModel):
     end_ns: int
     reward: float | None = None  # the conversation's latest feedback, if any
     exploration: bool = False  # sampled at the training temperature (serving/exploration.py)
+    # a canary episode and the incumbent's shadow answer to the same request share a pair id; the shadow
+    # was never returned (listed only when asked for: GET /admin/episodes?shadows=true)
+    pair_id: str | None = None
+    shadow: bool = False
 
 
 class ServedEpisodesResponse(BaseModel):

@@ -13,7 +13,8 @@ current nor pinned by an in-flight episode is unloaded.
 
 A candidate team (serving/canary.py) is a set of versions loaded beside the current ones, never current:
 `load_candidate` validates and loads them, `set_canary_share` sends that share of new episodes to them
-(drawn once per episode, for every adapter it covers), `promote_candidate` makes all of them current in
+(drawn once per episode, for every adapter it covers; with `shadow`, `hold_shadow` gives a canary episode
+the incumbent's versions for its shadow run), `promote_candidate` makes all of them current in
 one assignment step, `abandon_candidate` drops them. Each version keeps its lineage (which run, data and
 incumbent it came from) for `teamtr adapters list`.
 
@@ -225,11 +226,15 @@ class AdapterRegistry:
 
     # --- candidates and canary ------------------------------------------------------------------
     async def load_candidate(
-        self, versions: dict[str, tuple[str | Path, int | None]], lineage: dict[str, Any] | None = None
+        self,
+        versions: dict[str, tuple[str | Path, int | None]],
+        lineage: dict[str, Any] | None = None,
+        shadow: bool = False,
     ) -> Candidate:
         """Validate and load a candidate version of each adapter in `versions` (adapter -> (path,
         version)); none becomes current and no episode pins them until `set_canary_share`. All or
-        nothing: one refused version unloads the others."""
+        nothing: one refused version unloads the others. `shadow`: every canary episode is answered
+        again by the incumbent (`hold_shadow`)."""
         async with self._admin:
             if self.candidate is not None:
                 raise AdapterError("a candidate is loaded already; promote or abandon it first")
@@ -256,6 +261,7 @@ class AdapterRegistry:
                 versions={v.adapter: v.version for v in loaded},
                 incumbent={v.adapter: self._slots[v.adapter].current.version for v in loaded},
                 lineage=dict(lineage or {}),
+                shadow=shadow,
             )
             self._record(
                 "loaded",
@@ -509,10 +515,31 @@ class AdapterRegistry:
         try:
             yield {v.adapter: (v.engine_name, v.version) for v in held}
         finally:
-            for v in held:
-                v.in_flight -= 1
-            for v in held:
-                await self._unload_if_idle(v)
+            await self.release(held)
+
+    def hold_shadow(self, pinned: Pins) -> tuple[Pins, list[AdapterVersion]] | None:
+        """For an episode that pinned the candidate, when the candidate asks for shadows: the pins of its
+        shadow run (the incumbent's version of every adapter the candidate covers, the rest as pinned),
+        held until `release(held)`; None for any other episode. No await: call it in the step `pin`
+        yielded in, while the incumbent's versions are certainly loaded."""
+        c = self.candidate
+        covered = [a for a in pinned if c is not None and a in c.versions]
+        if c is None or not c.shadow or not covered or any(pinned[a][1] != c.versions[a] for a in covered):
+            return None
+        held = [
+            self._slots[a].versions[c.incumbent[a] if a in c.versions else version]
+            for a, (_, version) in pinned.items()
+        ]
+        for v in held:
+            v.in_flight += 1
+        return {v.adapter: (v.engine_name, v.version) for v in held}, held
+
+    async def release(self, held: list[AdapterVersion]) -> None:
+        """An episode that held these versions ended: unload those no longer needed."""
+        for v in held:
+            v.in_flight -= 1
+        for v in held:
+            await self._unload_if_idle(v)
 
     async def _unload_if_idle(self, v: AdapterVersion) -> None:
         slot = self._slots[v.adapter]

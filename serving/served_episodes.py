@@ -4,6 +4,8 @@
 
 One record per finished episode span: team, prompt, final answer, the adapter version each role ran on
 (which tells a canary episode from an incumbent one) and the conversation's latest feedback reward.
+Shadow episodes (the incumbent answering a canary request again, unreturned: serving/episodes.py) are
+left out unless asked for: they are no traffic of their own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from teamtr.serving.tracing import (
     OP_AGENT,
     OP_FEEDBACK,
     OPERATION,
+    PAIR_ID,
     REWARD,
+    SHADOW,
     TASK_ID,
     TASK_TEXT,
     trajectories_from_spans,
@@ -32,9 +36,15 @@ from teamtr.serving.tracing import (
 
 
 def served_episodes(
-    store: str | Path, *, team: str | None = None, since_ns: int = 0, limit: int | None = None
+    store: str | Path,
+    *,
+    team: str | None = None,
+    since_ns: int = 0,
+    limit: int | None = None,
+    shadows: bool = False,
 ) -> list[ServedEpisode]:
-    """Finished episodes that started at or after `since_ns`, oldest first (the newest `limit` of them)."""
+    """Finished episodes that started at or after `since_ns`, oldest first (the newest `limit` of them);
+    `shadows`: with the canary's shadow episodes."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if not Path(store).is_file():
@@ -59,6 +69,8 @@ def served_episodes(
         a = json.loads(attributes)
         if status == "ERROR" or TASK_ID not in a or (team is not None and a.get(AGENT_NAME) != team):
             continue
+        if a.get(SHADOW, False) and not shadows:
+            continue
         conversation = a.get(CONVERSATION_ID, "")
         out.append(
             ServedEpisode(
@@ -72,6 +84,8 @@ def served_episodes(
                 end_ns=int(end_ns),
                 reward=rewards.get(conversation),
                 exploration=bool(a.get(EXPLORATION, False)),
+                pair_id=a.get(PAIR_ID),
+                shadow=bool(a.get(SHADOW, False)),
             )
         )
     return out[-limit:] if limit is not None else out

@@ -70,6 +70,9 @@ EXCEPTION_TYPE = "exception.type"  # OpenTelemetry's exception attributes, on a 
 EXCEPTION_MESSAGE = "exception.message"
 REWARD = "teamtr.reward"
 EXPLORATION = "teamtr.exploration"  # true on an episode sampled at the training temperature (exploration.py)
+# a canary episode and the incumbent's shadow answer to its request (serving/episodes.py) share a pair id
+PAIR_ID = "teamtr.canary.pair_id"
+SHADOW = "teamtr.canary.shadow"  # true on the shadow (its answer was not returned)
 FEEDBACK_COMMENT = "teamtr.feedback.comment"
 
 OP_AGENT, OP_CHAT, OP_FEEDBACK = "invoke_agent", "chat", "feedback"

@@ -24,7 +24,15 @@ from teamtr.training.improve.judge import resolve_judges
 from teamtr.training.improve.stats import confidence_sequence
 
 
-def episode(prompt: str, t: int, versions: dict[str, int], answer: str = "", reward: float | None = None):
+def episode(
+    prompt: str,
+    t: int,
+    versions: dict[str, int],
+    answer: str = "",
+    reward: float | None = None,
+    pair: str | None = None,
+    shadow: bool = False,
+):
     return ServedEpisode(
         completion_id=f"c{t}",
         conversation_id=f"c{t}",
@@ -35,6 +43,8 @@ def episode(prompt: str, t: int, versions: dict[str, int], answer: str = "", rew
         start_ns=t,
         end_ns=t + 1,
         reward=reward,
+        pair_id=pair,
+        shadow=shadow,
     )
 
 
@@ -113,29 +123,51 @@ def test_canary_arms_tally_and_decision():
     assert arm_of(episode("1+2", 0, inc), role_of, candidate, incumbent) == "incumbent"
     assert arm_of(episode("1+2", 0, {**inc, "adder3": 5}), role_of, candidate, incumbent) == "mixed"
     reward = verifier_reward(get_task("chain"))
-    eps = [episode("1+2", i, cand, "3") for i in range(4)] + [episode("1+2", 9, inc, "4")]
+    # a reward function judges: each canary episode is paired with its shadow (the incumbent on the same
+    # request); incumbent episodes of their own do not enter the pairs
+    eps = [episode("1+2", i, cand, "3", pair=f"p{i}") for i in range(4)] + [episode("1+2", 9, inc, "4")]
+    eps.append(episode("1+2", 1, inc, "4", pair="p0", shadow=True))
     t = tally(eps, role_of, candidate, incumbent, reward)
+    assert t.paired and t.differences == [1.0]  # one canary episode has its shadow; the next ones wait
     assert t.figures()["candidate_reward"] == 1.0 and t.figures()["incumbent_reward"] == 0.0
     cfg = CanaryConfig(max_episodes=40)
     assert decide(t, cfg) is None  # one pair proves nothing yet
 
-    def arms(cand_answer: str, inc_answer: str, n: int):
-        both = [episode("1+2", 2 * i, cand, cand_answer) for i in range(n)]
-        both += [episode("1+2", 2 * i + 1, inc, inc_answer) for i in range(n)]
-        return tally(both, role_of, candidate, incumbent, reward)
+    def pairs(cand_answer: str, inc_answer: str, n: int) -> list[ServedEpisode]:
+        both = [episode("1+2", 2 * i, cand, cand_answer, pair=f"p{i}") for i in range(n)]
+        return both + [
+            episode("1+2", 2 * i + 1, inc, inc_answer, pair=f"p{i}", shadow=True) for i in range(n)
+        ]
 
-    better = decide(arms("3", "4", 16), cfg)  # 16 pairs, every one won: stopped early, promoted
-    assert better[0] is True and better[1].startswith("shown better")
+    def arms(cand_answer: str, inc_answer: str, n: int):
+        return tally(pairs(cand_answer, inc_answer, n), role_of, candidate, incumbent, reward)
+
+    better = decide(arms("3", "4", 16), cfg)  # every pair won: promoted at the 13th (stopped early)
+    assert better[0] is True and better[1].startswith("shown better at pair 13")
     worse = decide(arms("9", "3", 16), cfg)
-    assert worse[0] is False and worse[1].startswith("shown worse")
+    assert worse[0] is False and worse[1].startswith("shown worse at pair 13")
     assert decide(arms("3", "3", 39), cfg) is None  # a tie: undecided until the cap ...
-    assert decide(arms("3", "3", 40), cfg)[1].startswith("not shown better within 40")  # ... rolled back
+    capped = decide(arms("3", "3", 40), cfg)  # ... rolled back at the cap
+    assert capped[1].startswith("not shown better within 40 pairs")
     assert decide(arms("3", "3", 40), CanaryConfig(max_episodes=40, non_inferiority=0.5))[0] is True
-    # feedback as the canary's reward: episodes without feedback are not scored yet
+    # a shadow that never came stops the pairs behind it until SHADOW_LOST later shadows ended: left out
+    missing = [e for e in pairs("3", "4", 40) if not (e.shadow and e.pair_id == "p0")]
+    t = tally(missing, role_of, candidate, incumbent, reward)
+    assert t.lost == 1 and len(t.differences) == 39 and arms("3", "4", 40).lost == 0
+    few = [e for e in missing if not e.shadow or int(e.pair_id[1:]) <= 15]  # 15 shadows after it: waits
+    t = tally(few, role_of, candidate, incumbent, reward)
+    assert t.lost == 0 and t.differences == []
+    # feedback judges: unpaired, the k-th canary episode against the k-th incumbent one; episodes without
+    # feedback are not scored yet
     fed = tally(
-        [episode("1+2", 0, cand, reward=0.5), episode("1+2", 1, cand)], role_of, candidate, incumbent, None
+        [episode("1+2", 0, cand, reward=0.5), episode("1+2", 1, cand), episode("3+4", 2, inc, reward=0.0)],
+        role_of,
+        candidate,
+        incumbent,
+        None,
     )
     assert fed.rewards["candidate"] == [0.5] and fed.unscored == 1
+    assert not fed.paired and fed.differences == [0.5]
     mixed = tally([*eps, episode("1+2", 20, {**inc, "adder3": 5})], role_of, candidate, incumbent, reward)
     assert decide(mixed, cfg) == (False, "1 episodes ran a mixed team")
 

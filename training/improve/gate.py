@@ -2,10 +2,13 @@
 
     accuracy   both teams answer the same held-out recent prompts as served (greedy, or sampled at the
                served temperature with several episodes per prompt), scored by the gate's judge
-               (judge.py: by default not the training reward); the lower `confidence` bound of the
-               mean per-prompt difference (candidate - incumbent; stats.py, valid for bounded rewards
-               without approximation) must be above 0: the candidate is better (superiority, the
-               default), or, only when `non_inferiority` is given, above -non_inferiority
+               (judge.py: by default not the training reward); a one-sided paired test at
+               alpha = 1 - `confidence` on the per-prompt differences (candidate - incumbent; stats.py
+               `gate_test`: the exact sign test (McNemar) for binary rewards, else the paired t-test)
+               must show the candidate better (superiority, the default), or, only when
+               `non_inferiority` is given, not worse by more than it. The gate looks once, at a fixed
+               number of prompts, so a fixed-n test spends its whole error budget (no peeking
+               penalty)
     KL         for every changed role, KL(incumbent || candidate) on the incumbent team's own samples at
                the training temperature (k3 estimator, summed over a message, averaged over messages:
                what the trust region bounds, training/losses.py) is within `kl_limit`
@@ -30,7 +33,7 @@ from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.engines.open import open_engine
 from teamtr.training.improve.data import ServedTasks
-from teamtr.training.improve.stats import confidence_sequence, test_name
+from teamtr.training.improve.stats import gate_test, test_name
 from teamtr.training.run_dir import RunDir
 
 INCUMBENT_SUFFIX = "~incumbent"
@@ -57,13 +60,17 @@ class GateResult:
     incumbent_reward: float
     candidate_reward: float
     difference: float  # mean(candidate - incumbent)
-    lower_bound: float  # its lower bound at the confidence (stats.py)
+    lower_bound: float  # its lower bound at the confidence (stats.py gate_test)
     test: str  # superiority | non-inferiority (margin)
     judge: str
     kl: dict[str, float]  # role -> measured KL(incumbent || candidate)
     kl_limit: float
     prompts: int
     certificate: dict[str, Any] = field(default_factory=dict)
+    method: str = ""  # the test: exact sign test (McNemar) | paired t-test
+    p_value: float = 1.0
+    wins: int = 0  # held-out prompts the candidate did better on ...
+    losses: int = 0  # ... and worse
 
     def figures(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,6 +113,13 @@ def _kl(engine: EmbeddedEngine, trajectories: list[Trajectory], role: Role, temp
     return float(np.mean(per_message))
 
 
+def _per_prompt(trajectories: list[Trajectory], k: int) -> list[float]:
+    """Each prompt's mean reward over its k episodes (they come back grouped by task, in task order)."""
+    return [
+        float(np.mean([t.reward for t in trajectories[i : i + k]])) for i in range(0, len(trajectories), k)
+    ]
+
+
 def run_gate(
     served: RunDir,
     incumbent: dict[str, tuple[int, str]],
@@ -128,18 +142,17 @@ def run_gate(
     cand_team = served.team(roles, engine, temperature=t, name="candidate")
     inc = inc_team.run(instances, group_size=k, verifier=task, seed=cfg.seed)
     cand = cand_team.run(instances, group_size=k, verifier=task, seed=cfg.seed)
-    # per prompt: the mean over its k episodes (trajectories come back grouped by task, in task order)
-    per_prompt = [
-        np.mean([c.reward for c in cand[i * k : (i + 1) * k]])
-        - np.mean([x.reward for x in inc[i * k : (i + 1) * k]])
-        for i in range(len(instances))
-    ]
-    diff = [float(d) for d in per_prompt]
+    cand_prompt, inc_prompt = _per_prompt(cand, k), _per_prompt(inc, k)
     lo, hi = cfg.reward_range
-    bound = confidence_sequence(diff, lo - hi, hi - lo, alpha=1 - cfg.confidence, sides=1, horizon=len(diff))
-    mean_diff, lower = bound.mean, bound.lower
     margin = cfg.non_inferiority or 0.0
+    decided = gate_test(cand_prompt, inc_prompt, lo, hi, cfg.confidence, margin)
+    mean_diff, lower = decided.mean, decided.lower
     test = test_name(cfg.non_inferiority)
+    figures = (
+        f"held-out reward difference {mean_diff:+.3f} over {decided.n} prompts ({decided.wins} won, "
+        f"{decided.losses} lost), lower {cfg.confidence:.0%} bound {lower:+.3f}, {decided.method} "
+        f"p = {decided.p_value:.3g}"
+    )
     sampled_team = served.team(_roles(roles, INCUMBENT_SUFFIX), engine, temperature=temperature, name="kl")
     samples = sampled_team.run(instances, group_size=cfg.kl_episodes, seed=cfg.seed + 1)
     kl = {
@@ -148,11 +161,8 @@ def run_gate(
         if r.adapter in candidate
     }
     reasons = []
-    if not lower > -margin:
-        reasons.append(
-            f"held-out reward difference {mean_diff:+.3f} over {len(diff)} prompts, lower "
-            f"{cfg.confidence:.0%} bound {lower:+.3f}, is not above {0.0 - margin:+.3f} ({test})"
-        )
+    if not decided.passed:
+        reasons.append(f"{figures}: not shown above {0.0 - margin:+.3f} at {cfg.confidence:.0%} ({test})")
     for role, value in kl.items():
         if not np.isfinite(value) or value > kl_limit:
             reasons.append(
@@ -162,8 +172,8 @@ def run_gate(
         passed=not reasons,
         reasons=reasons
         or [
-            f"held-out reward difference {mean_diff:+.3f}, lower {cfg.confidence:.0%} bound {lower:+.3f} "
-            f"> {0.0 - margin:+.3f} ({test}, judge {judge}); every role within its trust region"
+            f"{figures}: shown above {0.0 - margin:+.3f} at {cfg.confidence:.0%} ({test}, judge {judge}); "
+            "every role within its trust region"
         ],
         incumbent_reward=float(np.mean([t.reward for t in inc])),
         candidate_reward=float(np.mean([t.reward for t in cand])),
@@ -175,4 +185,8 @@ def run_gate(
         kl_limit=kl_limit,
         prompts=len(held_out),
         certificate=certificate or {},
+        method=decided.method,
+        p_value=decided.p_value,
+        wins=decided.wins,
+        losses=decided.losses,
     )

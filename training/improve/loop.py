@@ -3,7 +3,7 @@
     collect    served episodes of the team (a window) -> train / held-out prompts; the versions served
                now are the incumbent (recorded); the judges of gate and canary (judge.py)
     train      TeamTR from the incumbent on the training prompts (train.py; checkpointed)
-    gate       held-out paired bootstrap + every role's KL to the incumbent (gate.py) -> refused, or
+    gate       held-out paired test + every role's KL to the incumbent (gate.py) -> refused, or
     stage      candidate versions loaded on the server beside the incumbent, never current
     canary     a share of new episodes on the candidate, rewards compared (canary.py) -> decision
     decide     promote every role at once, or abandon the candidate (roll back)
@@ -32,7 +32,7 @@ from teamtr.graphs.trajectory import load_jsonl
 from teamtr.serving.admin_client import AdminClient
 from teamtr.serving.protocol import ServedEpisode
 from teamtr.serving.served_episodes import feedback_trajectories, served_episodes
-from teamtr.training.improve.canary import CanaryConfig, decide, tally
+from teamtr.training.improve.canary import CanaryConfig, decide, paired_by_prompt, tally
 from teamtr.training.improve.data import (
     ImproveDataError,
     RewardFn,
@@ -46,6 +46,7 @@ from teamtr.training.improve.feedback import FEEDBACK_FILE, collect_feedback, no
 from teamtr.training.improve.gate import GateConfig, run_gate
 from teamtr.training.improve.judge import AUTO, FEEDBACK, Judges, resolve_judges
 from teamtr.training.improve.llm_judge import open_judge
+from teamtr.training.improve.stats import sizing
 from teamtr.training.improve.train import FeedbackTraining, improve_config, train_candidate
 from teamtr.training.run_dir import RunDir
 
@@ -187,10 +188,11 @@ class ImproveLoop:
             self.save(state)
         return state
 
-    def episodes(self, since_ns: int = 0) -> list[ServedEpisode]:
+    def episodes(self, since_ns: int = 0, shadows: bool = False) -> list[ServedEpisode]:
+        """`shadows`: with the canary's shadow episodes (the incumbent's unreturned answers)."""
         if self.cfg.traces is not None:
-            return served_episodes(self.cfg.traces, team=self.cfg.team, since_ns=since_ns)
-        return self.client.episodes(team=self.cfg.team, since_ns=since_ns)
+            return served_episodes(self.cfg.traces, team=self.cfg.team, since_ns=since_ns, shadows=shadows)
+        return self.client.episodes(team=self.cfg.team, since_ns=since_ns, shadows=shadows)
 
     def feedback_source(self, since_ns: int) -> list[Any]:
         """The exploratory episodes with feedback since `since_ns`, with their turns (dicts or trajectories)."""
@@ -254,6 +256,18 @@ class ImproveLoop:
         }
         self.save(state)
         self.say(f"improve {attempt}: {data.window.describe()}; incumbent {listed.current}")
+        distinct = len(data.train) + len(data.held_out)
+        g, c = cfg.gate, cfg.canary
+        for line in sizing(
+            len(data.held_out),
+            distinct,
+            cfg.held_out_fraction,
+            g.confidence,
+            c.max_episodes,
+            c.share,
+            c.confidence,
+        ):
+            self.say(f"improve {attempt}: {line}")
         return state
 
     def train_step(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +343,8 @@ class ImproveLoop:
                 f"{state['gate']['prompts']} prompts, {state['gate']['test']}, judge {state['gate']['judge']})",
             }
             versions = {a: (state["candidate_dirs"][a], v) for a, v in state["candidate_versions"].items()}
-            self.client.load_candidate(versions, lineage, share=self.cfg.canary.share)
+            shadow = paired_by_prompt(self.judges(state).canary)  # feedback cannot judge a shadow's answer
+            self.client.load_candidate(versions, lineage, share=self.cfg.canary.share, shadow=shadow)
         state["canary_start_ns"] = time.time_ns()
         state["canary_deadline"] = time.time() + self.cfg.canary.timeout_s
         self.log("canary_started", state, share=self.cfg.canary.share)
@@ -345,7 +360,8 @@ class ImproveLoop:
         incumbent = {a: v for a, (v, _) in state["incumbent"].items() if a in candidate}
         reward = self.judges(state).canary
         while True:
-            t = tally(self.episodes(state["canary_start_ns"]), self.role_of, candidate, incumbent, reward)
+            episodes = self.episodes(state["canary_start_ns"], shadows=True)
+            t = tally(episodes, self.role_of, candidate, incumbent, reward)
             verdict = decide(t, self.cfg.canary)
             b = t.bound(self.cfg.canary)
             state["canary"] = {
