@@ -62,6 +62,8 @@ def train(
     from teamtr.training.trainer import Trainer
 
     check_config(cfg, config)  # ... and the task, router, roles and graph, before anything is written
+    if (note := held_out_note(cfg)) and os.environ.get("RANK", "0") == "0":
+        console.print(f"[yellow]{note}[/]")
     if restart and os.environ.get("RANK", "0") == "0":  # the earlier run moves aside; the trainer starts anew
         from teamtr.training.run_dir import RunDir
 
@@ -81,6 +83,17 @@ def train(
     console.print_json(json.dumps(summary))
     console.print(trained_line(summary))
     console.print(f"run directory: {cfg.run_dir} (metrics.jsonl, tensorboard/, adapters/<adapter>/v<N>/)")
+
+
+def held_out_note(cfg: Any) -> str | None:
+    """A line saying so when a run on its own task list has no held-out list: its "held-out" return is
+    then drawn from the tasks it trains on (docs/graphs.md, task.eval_data)."""
+    if cfg.task.data is None or cfg.task.eval_data is not None or not cfg.eval.stage_episodes:
+        return None
+    return (
+        f"note: task.data {cfg.task.data} and no task.eval_data: the held-out return is drawn from the "
+        "training tasks, so it is not held out; name a file of held-out tasks as task.eval_data"
+    )
 
 
 def trained_line(summary: dict[str, Any]) -> str:

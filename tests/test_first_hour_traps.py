@@ -265,3 +265,13 @@ def test_the_demo_table_names_the_kept_stage():
     assert "stage 5 of 8 (kept)" in text and "after the last stage (8 of 8)" in text
     text = shown(5, 8, True)
     assert "warm start (kept: no stage beat it)" in text and "stage 5 of 8 (chosen, not kept)" in text
+
+
+def test_a_data_run_without_held_out_tasks_is_told_so():
+    from teamtr.cli.train import held_out_note
+    from teamtr.training.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"task": {"name": "mine", "data": "mine.jsonl"}})
+    assert "not held out" in held_out_note(cfg) and "task.eval_data" in held_out_note(cfg)
+    assert held_out_note(cfg.with_overrides({"task.eval_data": "held.jsonl"})) is None
+    assert held_out_note(TrainConfig()) is None  # a task family: held-out prompts from task.eval_seed
