@@ -133,7 +133,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 
 def versions_after_stage(run_dir: str | Path, stage_count: int) -> dict[str, int]:
     """adapter -> its version once `stage_count` stages were done (0: v0, the warm start), from the run's
-    update records (stages numbered from 1): a stage's rejected update leaves the version where it was."""
+    update and revert records (stages numbered from 1): a rejected update leaves the version where it was."""
     run_dir = Path(run_dir)
     records = read_records(run_dir / METRICS_FILE)  # one read; a run without metrics has done no stage
     finished = sum(r.get("kind") == "stage" for r in records)
@@ -142,7 +142,8 @@ def versions_after_stage(run_dir: str | Path, stage_count: int) -> dict[str, int
             f"{run_dir}: stage {stage_count} is not one of this run's 0..{finished} (0: the start)"
         )
     versions: dict[str, int] = {}
-    for u in (r for r in records if r.get("kind") == "update"):
+    # a "revert" record (eval.keep_best undid a stage) moves an adapter to a new version like an update
+    for u in (r for r in records if r.get("kind") in ("update", "revert")):
         versions.setdefault(u["adapter"], 0)
         if u["stage"] <= stage_count:
             versions[u["adapter"]] = u["version_after"]

@@ -147,7 +147,7 @@ def test_early_stopping_fires_with_one_minibatch(tiny_model, tmp_path):  # noqa:
         tiny_model,
         tmp_path / "run",
         **{"optim.minibatch_messages": 1000, "optim.epochs": 4, "optim.lr": 0.3, "trust_region.delta": 1e-6,
-           "trust_region.max_backtracks": 0},
+           "trust_region.max_backtracks": 0, "trust_region.check": "sampled"},
     )  # fmt: skip
     team = stage_team(cfg, tiny_model)
     batch = team.rollout(0, 0)

@@ -6,8 +6,9 @@ on the test tasks (no stage kept when the chosen one is worse than the warm star
 from __future__ import annotations
 
 from teamtr.graphs.run_layout import versions_after_stage
-from teamtr.training.demo import stage_returns, worse_beyond_noise
+from teamtr.training.demo import stage_returns
 from teamtr.training.metrics import MetricsLog
+from teamtr.training.stage_safety import worse_beyond_noise
 
 
 def write_run(path, returns: list[float], episodes: int = 100) -> None:

@@ -6,6 +6,7 @@ premium over a stale run is smaller counted the third way than the first."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_training_trainer import (  # importing it registers the trainer tests' task
     small_config,
@@ -68,11 +69,12 @@ def test_prefix_cache_agrees_with_a_brute_force_search_on_random_turns():
     assert PrefixCache().sampled(turns) == brute_force_prefill(turns)
 
 
-def test_a_batch_counts_its_prefill_and_an_update_counts_its_passes(tiny_model, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("check", ["sampled", "probe"])
+def test_a_batch_counts_its_prefill_and_an_update_counts_its_passes(tiny_model, tmp_path, check):  # noqa: F811
     from teamtr.training.stage import UpdateContext
 
     # delta large and no early stop: one attempt of every epoch, so the passes are exactly known
-    cfg = small_config(tiny_model, tmp_path / "run", **{"trust_region.delta": 1e9})
+    cfg = small_config(tiny_model, tmp_path / "run", **{"trust_region.delta": 1e9, "trust_region.check": check})
     team = stage_team(cfg, tiny_model)
     batch = team.rollout(0, 0)
     turns = [t for traj in batch.trajectories for t in traj.turns]
@@ -80,13 +82,23 @@ def test_a_batch_counts_its_prefill_and_an_update_counts_its_passes(tiny_model, 
     # the group's G episodes share their first prompt: it is prefilled once per group, not once per episode
     assert team.state.train_prefill_tokens < sum(len(t.prompt_ids) for t in turns)
 
-    update = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
+    ctx = UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)
+    probe = team.probe_contexts(ctx)  # the seeded episodes the update draws again
+    update = team.update(ctx)
     assert update.accepted and len(update.record["attempts"]) == 1
     msgs = messages_of_role(batch, "adder1", _advantages(batch, cfg))
     per_pass = pass_tokens(msgs.prompts, msgs.completions)
-    # pi_old's scoring, then per epoch the training pass and the whole-batch KL pass; the instruments
-    # around the step (stale gap, held-out KL) are not counted
-    assert team.state.train_pass_tokens == (1 + 2 * cfg.optim.epochs) * per_pass
+    if check == "sampled":
+        # pi_old's scoring, then per epoch the training pass and the whole-batch KL pass; the instruments
+        # around the step (stale gap, held-out KL) are not counted
+        assert team.state.train_pass_tokens == (1 + 2 * cfg.optim.epochs) * per_pass
+    else:
+        # pi_old's scoring, the epochs' training passes, pi_new's pass at the end, and after every optimiser
+        # step the exact KL's two passes (pi_cur and pi_now) over the batch's and the probe's messages
+        steps = update.record["optimiser_steps"]
+        assert steps == cfg.optim.epochs * -(-len(msgs) // cfg.optim.minibatch_messages)
+        region = 2 * steps * (per_pass + pass_tokens(*probe))
+        assert team.state.train_pass_tokens == (2 + cfg.optim.epochs) * per_pass + region
     assert update.record["train_pass_tokens"] == team.state.train_pass_tokens
     assert update.record["train_prefill_tokens"] == team.state.train_prefill_tokens
 

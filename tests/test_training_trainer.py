@@ -142,12 +142,13 @@ def test_every_accepted_update_is_inside_the_trust_region(tiny_model, tmp_path):
             assert u["version_after"] == u["versions_before"][u["adapter"]]
 
 
-def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path):
+@pytest.mark.parametrize("check", ["probe", "sampled"])
+def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path, check):
     from teamtr.training.stage import UpdateContext
 
     cfg = small_config(
         tiny_model, tmp_path / "run", **{"optim.lr": 0.5, "trust_region.delta": 1e-9, "trust_region.max_backtracks": 1,
-                                         "trust_region.estimator": "k3"}
+                                         "trust_region.estimator": "k3", "trust_region.check": check}
     )  # fmt: skip
     team = stage_team(cfg, tiny_model)
     engine = team.engine
@@ -159,7 +160,9 @@ def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path
                   for id_, s in team.policies["adder1"].optimizer.state_dict()["state"].items()}  # fmt: skip
     version = engine.adapter_version("adder1")
     rejected = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False))
-    assert not rejected.accepted and len(rejected.record["attempts"]) == 2 and first is not rejected
+    # sampled: the attempt and its one backtrack; probe: one attempt whose every line-search point was outside
+    attempts = 2 if check == "sampled" else 1
+    assert not rejected.accepted and len(rejected.record["attempts"]) == attempts and first is not rejected
     # a rejected update did not move the policy: no surrogate improvement, no KL, no version bump
     assert rejected.certificate.surrogate == 0.0 and rejected.record["d_hat"] == 0.0
     assert rejected.record["version_after"] == version

@@ -1,10 +1,14 @@
-"""ADV step of Algorithm 1: bounded group-normalised advantages (docs/training.md, "Advantages").
+"""ADV step of Algorithm 1: bounded advantages from a per-prompt baseline (docs/training.md, "Advantages").
 
-For the G episodes of one prompt with team returns R_1..R_G:
+For the G episodes of one prompt with team returns R_1..R_G, one of
 
-    A_g = clip((R_g - mean(R)) / sqrt(var(R) + eps), -A_clip, +A_clip)
+    rloo              A_g = clip(R_g - mean_{h != g} R_h, -A_clip, +A_clip)      (the default)
+    group_normalised  A_g = clip((R_g - mean(R)) / sqrt(var(R) + eps), -A_clip, +A_clip)   (the paper's)
+    centred           A_g = clip(R_g - mean(R), -A_clip, +A_clip)
 
-broadcast to every token of the updated agent's messages in episode g. The estimator-mismatch terms the
+broadcast to every token of the updated agent's messages in episode g. rloo's leave-one-out baseline is
+unbiased and keeps the advantage in reward units: the std division of group_normalised gives one failure
+among 16 successes the advantage -3.9 (clipped to -3), a step out of proportion to one episode. The estimator-mismatch terms the
 certificate needs (zeta_clip, zeta_norm) are measured on the same numbers.
 """
 
@@ -29,6 +33,7 @@ class Advantages:
     zeta_clip: float  # mean |A_unclipped - A| over kept episodes: bias of the advantage clip
     zeta_norm: float  # mean |A_loo - A_unclipped|: finite-G bias of the in-group baseline
     a_max: float  # the bound on |A| (A_clip, or the observed max when clipping is off)
+    signal_groups: int = 0  # prompt groups whose returns are not all equal (the evidence of the batch)
 
 
 def group_normalised_advantages(
@@ -37,13 +42,12 @@ def group_normalised_advantages(
     *,
     adv_clip: float = 3.0,
     eps: float = 1e-6,
-    normalise: bool = True,
+    baseline: str = "group_normalised",
     clip: bool = True,
     drop_zero_spread: bool = False,
 ) -> Advantages:
-    """Bounded group-normalised advantage of every episode (groups = prompt ids; G = group size).
-
-    normalise=False keeps A = R - mean (ablation "no group normalisation"); clip=False skips the clip.
+    """Bounded advantage of every episode (groups = prompt ids; G = group size), `baseline` one of rloo,
+    group_normalised, centred (module docstring); clip=False skips the clip.
     drop_zero_spread (DAPO's dynamic sampling) marks groups whose rewards are all equal as unused.
     """
     rewards_arr = np.asarray(rewards, dtype=np.float64)
@@ -56,16 +60,24 @@ def group_normalised_advantages(
     unclipped = np.zeros_like(rewards_arr)
     loo_gap = np.zeros_like(rewards_arr)
     keep = np.ones(len(rewards_arr), dtype=bool)
+    if baseline not in ("rloo", "group_normalised", "centred"):
+        raise ValueError(f"unknown advantage baseline {baseline!r} (rloo, group_normalised, centred)")
+    signal_groups = 0
     for idx in members.values():
         r = rewards_arr[idx]
-        centred = r - r.mean()  # R_g - mean(R)
-        scale = np.sqrt(r.var() + eps) if normalise else 1.0  # sqrt(var + eps) (population variance)
-        unclipped[idx] = centred / scale
-        # Leave-one-out baseline: R_g - mean_{-g}(R) = G/(G-1) (R_g - mean). The in-group mean biases the
-        # advantage by the difference; it is zero in the G -> infinity limit.
         size = len(idx)
-        loo_gap[idx] = np.abs(centred / scale) / (size - 1) if size > 1 else 0.0
-        if drop_zero_spread and np.all(r == r[0]):
+        centred = r - r.mean()  # R_g - mean(R)
+        spread = not np.all(r == r[0])
+        signal_groups += int(spread)
+        if baseline == "rloo":  # R_g - mean_{-g}(R) = G/(G-1) (R_g - mean): unbiased, no in-group bias
+            unclipped[idx] = centred * size / (size - 1) if size > 1 else 0.0
+        else:
+            scale = np.sqrt(r.var() + eps) if baseline == "group_normalised" else 1.0  # population variance
+            unclipped[idx] = centred / scale
+            # the in-group mean (the episode's own return in its baseline) biases A against the
+            # leave-one-out one by |A| / (G - 1); zero in the G -> infinity limit
+            loo_gap[idx] = np.abs(unclipped[idx]) / (size - 1) if size > 1 else 0.0
+        if drop_zero_spread and not spread:
             keep[idx] = False
 
     values = np.clip(unclipped, -adv_clip, adv_clip) if clip else unclipped.copy()
@@ -78,6 +90,7 @@ def group_normalised_advantages(
         zeta_clip=float(np.mean(np.abs(unclipped - values)[keep])) if kept else 0.0,
         zeta_norm=float(np.mean(loo_gap[keep])) if kept else 0.0,
         a_max=a_max,
+        signal_groups=signal_groups,
     )
 
 
@@ -98,7 +111,7 @@ def advantages_for(rewards: Sequence[float], groups: Sequence[str], loss: LossCo
         groups,
         adv_clip=loss.adv_clip,
         eps=loss.adv_eps,
-        normalise=loss.group_normalise,
+        baseline=loss.advantage,
         clip=loss.clip_advantages,
         drop_zero_spread=bool(loss.dynamic_sampling),
     )

@@ -27,6 +27,8 @@ from teamtr.graphs.trajectory import Trajectory, load_jsonl, save_jsonl
 CHECKPOINTS = "checkpoints"
 # the current stage's pi^0 weights in a checkpoint (not Stage-0 of a swap); "stage0/" in older checkpoints
 STAGE_START = ("stage_start/", "stage0/")
+# the best validated stage's weights (eval.keep_best, training/stage_safety.py)
+BEST_STAGE = "best_stage/"
 LATEST = "LATEST"
 
 

@@ -57,7 +57,15 @@ class LossConfig(_Strict):
     clip_eps_high: float | None = None  # None = clip_eps (dapo defaults it to 0.28)
     adv_clip: float = Field(3.0, gt=0)  # A_clip = A_max of the certificate
     adv_eps: float = Field(1e-6, gt=0)  # eps in sqrt(var + eps)
-    group_normalise: bool = True  # False: A = R - group mean (ablation "no group normalisation")
+    # The baseline of A (docs/training.md, "Advantages"): rloo = R_g - mean of the group's other returns
+    # (Dr. GRPO / RLOO: no std division, so a lone failure among 16 weighs 1, not 3); group_normalised =
+    # (R_g - mean) / sqrt(var + eps), the paper's (the default before 2026-12); centred = R_g - mean
+    # (ablation "no group normalisation"). None = rloo for message_ratio, group_normalised for grpo / dapo
+    # (their definition)
+    advantage: Literal["rloo", "group_normalised", "centred"] | None = None
+    # an update needs reward spread in at least this many prompt groups, else it is skipped (no_signal);
+    # 2 or more keeps one discordant episode in a batch from moving a role on its own
+    min_signal_groups: int = Field(1, ge=1)
     clip_advantages: bool = True  # False: ablation "no advantage clip" (A_max is then the observed max)
     # drop groups with zero reward spread and refill the batch with further groups of the same team
     # (training/llm_team.py); None = (kind == dapo)
@@ -79,7 +87,11 @@ class LossConfig(_Strict):
 
     @model_validator(mode="after")
     def _variant_defaults(self) -> LossConfig:
-        derived = {name for name in ("clip_eps_high", "dynamic_sampling") if getattr(self, name) is None}
+        derived = {
+            name for name in ("clip_eps_high", "dynamic_sampling", "advantage") if getattr(self, name) is None
+        }
+        if self.advantage is None:
+            self.advantage = "rloo" if self.kind == "message_ratio" else "group_normalised"
         if self.clip_eps_high is None:
             self.clip_eps_high = 0.28 if self.kind == "dapo" else self.clip_eps
         if self.dynamic_sampling is None:
@@ -102,6 +114,9 @@ class OptimConfig(_Strict):
     adapter: a shared one would move inactive adapters through their momentum)."""
 
     lr: float = Field(2e-4, gt=0)
+    # adamw's first step on a fresh adapter is lr * sign(g) on every weight whatever its evidence; radam
+    # (rectified Adam) takes momentum-SGD steps until its variance estimate is usable
+    optimizer: Literal["radam", "adamw"] = "radam"
     epochs: int = Field(4, ge=1)  # inner epochs over the update's batch
     minibatch_messages: int = Field(64, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
@@ -142,10 +157,24 @@ class TrustRegionConfig(_Strict):
     beta_min: float = 1e-3
     beta_max: float = 1e3
     early_stop: bool = True
-    max_backtracks: int = Field(3, ge=0)  # K
-    # Held-out KL check (not enforced): before each update, this many held-out episodes of the
-    # current team (own prompts and seeds, never trained on); after it, the exact vocabulary-sum
-    # KL(pi_cur || pi_new) per message of the updated role on them (`kl_out_of_sample`). 0 = off.
+    max_backtracks: int = Field(3, ge=0)  # K (check: sampled only)
+    # Where the region is enforced (docs/training.md, "Trust region"):
+    # probe    exact vocabulary-sum KL per message, checked after every optimiser step on the batch's
+    #          contexts AND on `probe_episodes` fresh held-out episodes of the current team; a step whose
+    #          KL (the probe's upper confidence bound at `probe_confidence`) would pass delta is line-searched
+    #          back along its direction and the update ends there: the last iterate is always inside
+    # sampled  k3 / k1 over the batch's own sampled tokens after every epoch, restore-and-halve
+    #          backtracking (the behaviour before 2026-12: leaks out of sample, measured in the docs)
+    check: Literal["probe", "sampled"] = "probe"
+    # the exact KL the probe check constrains: forward KL(pi_cur || pi_new) (eq. 11), reverse
+    # KL(pi_new || pi_cur) (charges new tail mass), or max = the larger of both per message
+    direction: Literal["forward", "reverse", "max"] = "max"
+    probe_episodes: int = Field(16, ge=1)  # held-out episodes per update whose role-j contexts form the probe
+    probe_confidence: float = Field(0.9, gt=0.5, lt=1)  # one-sided level of the probe's mean-KL bound
+    line_search_steps: int = Field(6, ge=0)  # halvings of the last step tried before stopping at pi_prev
+    # Held-out KL check (measured, never enforced: a set independent of batch and probe): before each
+    # update, this many held-out episodes of the current team (own prompts and seeds, never trained on);
+    # after it, the exact KL per message of the updated role on them (`delta_eff`). 0 = off.
     heldout_episodes: int = Field(8, ge=0)
 
     @model_validator(mode="before")
@@ -170,6 +199,9 @@ class EvalConfig(_Strict):
     stage_episodes: int = Field(128, ge=0)  # per-stage realised-improvement batch (0 = skip)
     final_episodes: int = Field(300, ge=1)  # before/after of the whole run
     temperature: float = Field(0.0, ge=0)  # 0 = greedy, how a served team answers
+    # a stage whose held-out return is below the best earlier stage's by more than 2 standard errors is
+    # undone: every role gets the best stage's weights back (training/stage_safety.py); needs stage_episodes
+    keep_best: bool = True
 
 
 class TrainConfig(_Strict):

@@ -35,6 +35,7 @@ from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
 from teamtr.training.progress import RichCallbacks, TrainingProgress, progress_bars
 from teamtr.training.run_dir import RunDir, model_path
+from teamtr.training.stage_safety import worse_beyond_noise
 from teamtr.training.trainer import Trainer, held_out_return
 from teamtr.training.warmstart.shipped import SHIPPED_DIR, weights_digest
 
@@ -118,14 +119,6 @@ def stage_returns(run_dir: Path | str) -> dict[str, Any]:
         "losses_beyond_noise": losses,
         "below_best_beyond_noise": below_best,
     }
-
-
-def worse_beyond_noise(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    """Whether `after`'s accuracy is below `before`'s by more than 2 standard errors of the difference of
-    two binomial estimates: a one-sided z test, wrongly true about 2.3% of the time for equal teams."""
-    pb, nb = before["accuracy"], max(before["episodes"], 1)
-    pa, na = after["accuracy"], max(after["episodes"], 1)
-    return pb - pa > 2 * (pb * (1 - pb) / nb + pa * (1 - pa) / na) ** 0.5
 
 
 def train_and_evaluate(

@@ -204,23 +204,29 @@ class TeamSampler:
         self.progress.rollout(stage, index, len(trajectories))
         return batch
 
-    def heldout_episodes(self, stage: int, index: int) -> list[Trajectory]:
-        """Held-out episodes of the current team for the held-out KL check: their own prompts and
-        seeds (derived from (stage, index), so no training random state is consumed), never trained on."""
-        n = self.cfg.trust_region.heldout_episodes
+    def heldout_episodes(self, stage: int, index: int, purpose: str = "kl-monitor") -> list[Trajectory]:
+        """Held-out episodes of the current team, never trained on, with their own prompts and seeds
+        (derived from (purpose, stage, index), so no training random state is consumed). purpose
+        "kl-monitor": the held-out KL check that measures delta_eff (trust_region.heldout_episodes);
+        "kl-probe": the contexts the probe check holds the region on (trust_region.probe_episodes), an
+        independent set, so that delta_eff is measured on contexts the enforcement never saw."""
+        tr = self.cfg.trust_region
+        n = tr.heldout_episodes if purpose == "kl-monitor" else tr.probe_episodes
         if n == 0:
             return []
-        prompts = self.task.generate(
-            n, seed=derive_seed(self.cfg.task.train_seed, "kl-monitor", stage, index)
-        )
+        prompts = self.task.generate(n, seed=derive_seed(self.cfg.task.train_seed, purpose, stage, index))
         self.sync_rollout_adapters()
         trajectories = self._episodes(
-            f"stage {stage + 1} held-out KL episodes before update {index}",
+            f"stage {stage + 1} held-out episodes ({purpose}) before update {index}",
             prompts,
             group_size=1,
-            seed=derive_seed(self.cfg.seed, "kl-monitor", stage, index),
+            seed=derive_seed(self.cfg.seed, purpose, stage, index),
         )
-        self.state.heldout_tokens += sum(t.num_tokens for t in trajectories)
+        tokens = sum(t.num_tokens for t in trajectories)
+        if purpose == "kl-monitor":
+            self.state.heldout_tokens += tokens
+        else:
+            self.state.probe_tokens += tokens
         return trajectories
 
     def _episodes(

@@ -73,12 +73,16 @@ class RunState:
     train_tokens: int = 0  # completion tokens of rollouts used for training
     diagnostic_tokens: int = 0  # completion tokens sampled only for the stale-gap diagnostic
     heldout_tokens: int = 0  # completion tokens of the held-out KL check's held-out episodes
+    probe_tokens: int = 0  # completion tokens of the probe check's held-out episodes (check = probe)
     # the two other counts of training/token_counts.py: uncached prompt tokens of the training rollouts'
     # sampled turns (prefix cache model), and tokens through the model in the updates' log-prob passes
     train_prefill_tokens: int = 0
     train_pass_tokens: int = 0
     betas: dict[str, float] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out return at the start, after each stage
+    # eval.keep_best (training/stage_safety.py): the best validated stage so far and its held-out return
+    best_stage: int = 0
+    best_result: dict[str, Any] = field(default_factory=dict)
     stage_certificates: list[float | None] = field(default_factory=list)
 
     @classmethod
@@ -133,9 +137,7 @@ class LLMStageTeam:
         self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
         for r in roles:
             params = engine.adapter_parameters(r.adapter, r.base_model)
-            optimizer = torch.optim.AdamW(
-                list(params.values()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
-            )
+            optimizer = make_optimizer(list(params.values()), cfg)
             self.policies[r.adapter] = AdapterPolicy(
                 engine,
                 r.adapter,
@@ -181,8 +183,22 @@ class LLMStageTeam:
     ) -> RolloutBatch:
         return self.sampler.resample_suffix(stage, index, previous, updated)
 
-    def heldout_episodes(self, stage: int, index: int) -> list[Trajectory]:
-        return self.sampler.heldout_episodes(stage, index)
+    def heldout_episodes(self, stage: int, index: int, purpose: str = "kl-monitor") -> list[Trajectory]:
+        return self.sampler.heldout_episodes(stage, index, purpose)
+
+    def probe_contexts(self, ctx: UpdateContext[RolloutBatch]) -> tuple[list[list[int]], list[list[int]]]:
+        """Role j's (prompt, completion) pairs in fresh held-out episodes of the current team: where the
+        probe check holds the region (nothing sampled when the check is `sampled` or the region is off)."""
+        tr = self.cfg.trust_region
+        if not tr.enabled or tr.check != "probe":
+            return [], []
+        turns = [
+            t
+            for traj in self.heldout_episodes(ctx.stage, ctx.index, "kl-probe")
+            for t in traj.turns_of(ctx.role)
+            if t.completion_ids
+        ]
+        return [t.prompt_ids for t in turns], [t.completion_ids for t in turns]
 
     def _skipped(self, ctx: UpdateContext[RolloutBatch], role: Role) -> LoggedUpdate | None:
         """A role the graph never called (with a trainable model) in ctx.batch is reported, not updated
@@ -232,6 +248,7 @@ class LLMStageTeam:
         weights = self.episode_weights(ctx)
         stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
         heldout_kl = OutOfSampleKL.before(self.heldout_episodes(ctx.stage, ctx.index), ctx.role, policy)
+        probe = self.probe_contexts(ctx)
         # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
         rollout_gaps = behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None
 
@@ -246,19 +263,12 @@ class LLMStageTeam:
                 self.cfg.seed, "minibatch", ctx.stage, ctx.index, attempt
             ),
             episode_weights=weights,
+            probe=probe,
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
         self.state.betas[ctx.role] = step.region.beta_next
         self.state.train_pass_tokens += policy.passed_tokens - passed_before
-        push_seconds = None
-        if step.accepted and (self.data_parallel is None or self.data_parallel.is_main):  # what serve loads
-            saved = save_peft_adapter(
-                self.engine.model(policy.base),
-                policy.adapter,
-                adapter_dir(self.run_dir, role.adapter, step.version),
-            )
-            if self.vllm is not None:  # the next rollouts (the resample of pi^i) sample this version
-                push_seconds = self.vllm.push(role.adapter, saved, step.version, policy.base)
+        push_seconds = self.publish(policy) if step.accepted else None
 
         measured = heldout_kl.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token)
         diagnostics = {
@@ -281,6 +291,14 @@ class LLMStageTeam:
             **measured,
             **stale_penalty(step, ctx.batch, heldout_kl),  # after heldout_kl.after: it needs the held-out ratios
             "no_signal": step.no_signal,
+            "signal_groups": step.advantages.signal_groups,
+            # check = probe: exact KLs at the kept weights, optimiser steps kept, why the update ended
+            **(step.region_check.to_dict() if step.region_check is not None else {}),
+            "probe_messages": len(probe[0]),
+            "optimiser_steps": step.optimiser_steps,
+            "stop": step.stop,
+            # contexts covered: the share of the held-out check's contexts the batch never contained
+            "heldout_contexts_unseen": unseen_share(heldout_kl.prompts, step.messages.prompts),
         }
         self.state.step += 1
         record = update_record(ctx, role, step, self.cfg, diagnostics, versions_before)
@@ -288,6 +306,7 @@ class LLMStageTeam:
             train_tokens=self.state.train_tokens,
             diagnostic_tokens=self.state.diagnostic_tokens,
             heldout_tokens=self.state.heldout_tokens,
+            probe_tokens=self.state.probe_tokens,
             train_prefill_tokens=self.state.train_prefill_tokens,
             train_pass_tokens=self.state.train_pass_tokens,
             seconds=time.perf_counter() - t0,
@@ -299,6 +318,17 @@ class LLMStageTeam:
             self.on_update_done()
         return LoggedUpdate(record)
 
+    def publish(self, policy: AdapterPolicy) -> float | None:
+        """Save the adapter's current version where serve loads it and, with vLLM rollouts, push it there
+        (the next rollouts sample it); rank 0 only. Returns the push's seconds (None without vLLM)."""
+        if self.data_parallel is not None and not self.data_parallel.is_main:
+            return None
+        version = policy.version()
+        saved = save_peft_adapter(
+            self.engine.model(policy.base), policy.adapter, adapter_dir(self.run_dir, policy.adapter, version)
+        )
+        return None if self.vllm is None else self.vllm.push(policy.adapter, saved, version, policy.base)
+
     def update_joint(self, stage: int, roles: list[str], batch: RolloutBatch) -> list[LoggedUpdate]:
         """Joint baseline: every role updated from pi^0 on the same batch. A role's loss depends on its
         own adapter only, so updating them one after the other on this batch is updating them at once."""
@@ -306,6 +336,23 @@ class LLMStageTeam:
             self.update(UpdateContext(stage, i, role, batch, batch, fresh=True, reweight=False))
             for i, role in enumerate(roles, start=1)
         ]
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """One role's optimiser (optim.optimizer): RAdam by default, AdamW as before 2026-12."""
+    if cfg.optim.optimizer == "radam":
+        return torch.optim.RAdam(
+            params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, decoupled_weight_decay=True
+        )
+    return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+
+
+def unseen_share(heldout_prompts: list[list[int]], batch_prompts: list[list[int]]) -> float | None:
+    """Share of held-out contexts (a role's prompt token ids) that no message of the batch had."""
+    if not heldout_prompts:
+        return None
+    seen = {tuple(p) for p in batch_prompts}
+    return sum(tuple(p) not in seen for p in heldout_prompts) / len(heldout_prompts)
 
 
 def heldout_certificate(

@@ -17,6 +17,7 @@ class TrainingProgress:
     def epoch(self, role: str, epoch: int, epochs: int, d_hat: float) -> None: ...
     def update(self, record: dict[str, Any]) -> None: ...
     def evaluation(self, label: str, result: dict[str, Any]) -> None: ...
+    def reverted(self, stage: int, best_stage: int, result: dict[str, Any], best: dict[str, Any]) -> None: ...
 
 
 def update_line(r: dict[str, Any]) -> str:
@@ -123,6 +124,12 @@ class RichCallbacks(TrainingProgress):
     def evaluation(self, label: str, result: dict[str, Any]) -> None:
         self.p.console.print(
             f"held-out return {label}: {result['accuracy']:.3f} ({result['episodes']} episodes)"
+        )
+
+    def reverted(self, stage: int, best_stage: int, result: dict[str, Any], best: dict[str, Any]) -> None:
+        self.p.console.print(
+            f"[yellow]stage {stage} undone[/]: held-out {result['accuracy']:.3f} is below stage {best_stage}'s "
+            f"{best['accuracy']:.3f} beyond noise; the next stage starts from stage {best_stage}'s weights"
         )
 
 

@@ -3,10 +3,15 @@
 `teamtr_step` reads top to bottom as the algorithm; docs/training.md ("The per-agent step") maps each
 line to its equation, (A), (10), (11), (T) there:
 
-    ADV       A_g = clip((R_g - mean_G R) / sqrt(var_G R + eps), -A_clip, A_clip)            (A)
+    ADV       A_g = clip(R_g - mean_{h != g} R_h, -A_clip, A_clip)  (rloo; or group-normalised)  (A)
+              too few prompt groups with reward spread: no step (no_signal)
     CACHE     log pi_cur of j's sampled tokens (at the rollout temperature; training/behaviour.py)
     OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages                (10)
-    MONITOR   d_hat <= delta, else undo exactly, lr / 2, beta * 2 (at most K times; then reject)  (11)
+    MONITOR   after EVERY optimiser step: exact KL(pi_cur, pi_now) on the batch's contexts and the
+              probe's bound on held-out contexts <= delta; a step that would leave is line-searched
+              back along its direction (theta_prev + 2^-h step) and the update ends there; a
+              non-finite gradient or KL is outside: the update ends at the last inside iterate   (11)
+              (check = sampled: d_hat on the batch's own tokens per epoch, undo, lr / 2, beta * 2)
     CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma); speak-once or general form  (T)
     COMMIT    swap j's accepted weights in (version bump)
 
@@ -37,7 +42,18 @@ from teamtr.training.losses import (
 )
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
-from teamtr.training.trust_region import AttemptLog, AttemptResult, TrustRegionOutcome, enforce_trust_region
+from teamtr.training.trust_region import (
+    AttemptLog,
+    AttemptResult,
+    ExactRegion,
+    RegionCheck,
+    TrustRegionOutcome,
+    enforce_trust_region,
+    next_beta,
+)
+from teamtr.training.vocab_kl import Side
+
+Contexts = tuple[list[list[int]], list[list[int]]]  # (prompts, completions) of one role's messages
 
 
 @dataclass
@@ -54,7 +70,10 @@ class StepResult:
     d_hat: float  # the estimate the trust region constrains (eq. 11, or its k3 form)
     certificate: CertificateTerm
     version: int  # j's adapter version after the step (bumped iff accepted)
-    no_signal: bool = False  # no message, or every advantage 0: nothing optimised, no new version
+    no_signal: bool = False  # no message, or too few groups with reward spread: nothing optimised
+    region_check: RegionCheck | None = None  # check = probe: the exact KLs at the accepted weights
+    optimiser_steps: int = 0  # check = probe: optimiser steps kept (the last one possibly shortened)
+    stop: str = ""  # check = probe: "epochs" (all ran inside), "boundary" (line search), "non_finite"
 
     @property
     def accepted(self) -> bool:
@@ -70,12 +89,14 @@ def teamtr_step(
     *,
     minibatch_seed: Callable[[int], int],
     episode_weights: np.ndarray | None = None,
+    probe: Contexts | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> StepResult:
     """Update `role` (policy pi_j) on `batch` inside its KL trust region; commit it if accepted.
 
     minibatch_seed(attempt) seeds the minibatch order of each attempt; episode_weights reweight a stale
-    batch towards the current team (importance_weighting schedule)."""
+    batch towards the current team (importance_weighting schedule); probe: role j's contexts in held-out
+    episodes of the current team, on which check = probe holds the region (none: the batch only)."""
     tr = cfg.trust_region
     # the batch must be samples of pi_T, the policy trained (training/behaviour.py says why not)
     require_on_policy(batch.trajectories, policy.temperature)
@@ -86,21 +107,41 @@ def teamtr_step(
     # CACHE: log pi_cur(x_u | s, x_<u) by the trainer's own forward pass (the ratio's denominator)
     old_logp = policy.logp(msgs, grad=False)
 
-    # OPTIMISE + MONITOR: epochs of -(L(w) - beta d_hat) (10); accepted iff d_hat <= delta (11),
-    # else the weights and AdamW state are restored and the attempt is retried with lr / 2, beta * 2
-    attempt_number = itertools.count(1)
-
-    def attempt(lr: float, beta: float) -> AttemptResult:
-        seed = minibatch_seed(next(attempt_number))
-        return penalised_surrogate_epochs(policy, msgs, old_logp, cfg, lr, beta, seed, on_epoch)
-
-    # no message (DAPO dropped every group) or every advantage 0: nothing to learn, so no attempt and no new
-    # version (`no_signal`). Rank 0's decision on every rank: data-parallel ranks never split on it
-    no_signal = policy.agree(float(not len(msgs) or not bool(torch.any(msgs.adv != 0)))) > 0.5
+    # too little evidence: no message (DAPO dropped every group), or fewer than min_signal_groups prompt
+    # groups with reward spread: no step and no new version (`no_signal`). Rank 0's decision on every rank
+    too_little = (
+        not len(msgs) or adv.signal_groups < cfg.loss.min_signal_groups or not torch.any(msgs.adv != 0)
+    )
+    no_signal = policy.agree(float(too_little)) > 0.5
+    probed: tuple[RegionCheck, int, str] | None = None
     if no_signal:
         no_attempt = AttemptLog(0.0, beta, 0.0, epochs_run=0, early_stopped=False, inside=True)
         region = TrustRegionOutcome(accepted=False, d_hat=0.0, attempts=[no_attempt], beta_next=beta)
+    elif tr.enabled and tr.check == "probe":
+        # OPTIMISE + MONITOR (10, 11): the region checked exactly after every step, on the batch's
+        # contexts and on held-out ones (the probe); the last iterate is always inside
+        exact = ExactRegion(
+            Side(policy.engine, policy.base, policy.adapter),
+            policy.temperature,
+            (msgs.prompts, msgs.completions),
+            probe or ([], []),
+            tr,
+        )
+        restore = policy.snapshot()
+        probed = optimise_inside_region(policy, msgs, old_logp, cfg, beta, exact, minibatch_seed(1), on_epoch)
+        region = probed_outcome(probed, policy, msgs, cfg, beta)
+        policy.passed_tokens += exact.passed_tokens  # the region's KL passes are the update's cost too
+        if not region.accepted:  # no step kept: pi_cur and its optimiser state, bit for bit
+            restore()
     else:
+        # check = sampled: epochs of -(L(w) - beta d_hat) (10); accepted iff d_hat <= delta (11) on the
+        # batch's own tokens, else restored exactly and retried with lr / 2, beta * 2
+        attempt_number = itertools.count(1)
+
+        def attempt(lr: float, beta: float) -> AttemptResult:
+            seed = minibatch_seed(next(attempt_number))
+            return penalised_surrogate_epochs(policy, msgs, old_logp, cfg, lr, beta, seed, on_epoch)
+
         region = enforce_trust_region(attempt, policy.snapshot, tr, cfg.optim.lr, beta)
     # pi_new: the accepted attempt's weights; a rejected update restored pi_cur bit for bit
     new_logp = region.accepted_attempt.new_logp if region.accepted_attempt is not None else old_logp
@@ -108,7 +149,12 @@ def teamtr_step(
     with torch.no_grad():  # L_hat = mean[min(w A, clip(w) A)] - mean[A], and the KL estimates, at pi_new
         sur = surrogate(new_logp, old_logp, msgs, cfg.loss)
         kl = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
-    d_hat = float(monitored_kl(kl, tr.estimator, tr.per_token))
+    # d_hat: the probe check's constrained value (exact), else the sampled estimate on the batch
+    d_hat = (
+        probed[0].value
+        if probed is not None and region.accepted
+        else float(monitored_kl(kl, tr.estimator, tr.per_token))
+    )
     # CERTIFY (T): term_i = L_hat_i - c sqrt(d_hat_i) - (zeta_clip + zeta_ratio + zeta_norm) / (1 - gamma);
     # the held-out forms' constants: T and N_j from the batch's turns (speak_once iff N_j <= 1)
     term = update_term(
@@ -124,7 +170,92 @@ def teamtr_step(
     )
     # COMMIT: swap j's accepted weights in; the next rollouts record the new version
     version = policy.commit() if region.accepted else policy.version()
-    return StepResult(adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version, no_signal)
+    check, steps, stop = probed if probed is not None else (None, 0, "")
+    return StepResult(
+        adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version, no_signal, check, steps, stop
+    )
+
+
+def optimise_inside_region(
+    policy: AdapterPolicy,
+    msgs: RoleMessages,
+    old_logp: torch.Tensor,
+    cfg: TrainConfig,
+    beta: float,
+    region: ExactRegion,
+    seed: int,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> tuple[RegionCheck, int, str]:
+    """Inner epochs of -(eq. 10) with the region checked exactly after every optimiser step.
+
+    A step whose end is outside is line-searched back: theta_prev + 2^-h (theta_step - theta_prev),
+    h = 1..line_search_steps, the first inside is kept and the update ends (the boundary is reached);
+    none inside: theta_prev. A non-finite gradient ends the update before its step. Returns the check at
+    the kept weights, the optimiser steps kept and why the update ended."""
+    tr = cfg.trust_region
+    for group in policy.optimizer.param_groups:
+        group["lr"] = cfg.optim.lr
+    gen = torch.Generator().manual_seed(seed)
+    inside = RegionCheck(0.0, 0.0, 0.0, tr.delta)  # at pi_cur
+    steps = 0
+    for epoch in range(1, cfg.optim.epochs + 1):
+        for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
+            norm = penalised_gradient(policy, msgs.subset(idx), old_logp[idx], cfg, beta)
+            if not bool(torch.isfinite(norm)):  # a NaN / inf gradient never reaches the weights or AdamW
+                policy.optimizer.zero_grad(set_to_none=True)
+                return inside, steps, "non_finite"
+            before = policy.weights()
+            policy.optimizer.step()
+            check = region.check()
+            if policy.agree(float(check.inside)) > 0.5:
+                inside, steps = check, steps + 1
+                continue
+            # MONITOR: the step would leave the region: the longest inside fraction of it, then stop
+            stepped = policy.weights()
+            for h in range(1, tr.line_search_steps + 1):
+                policy.load_weights({k: before[k] + 0.5**h * (stepped[k] - before[k]) for k in before})
+                check = region.check()
+                if policy.agree(float(check.inside)) > 0.5:
+                    return check, steps + 1, "boundary"
+            policy.load_weights(before)
+            return inside, steps, "non_finite" if check.value != check.value else "boundary"
+        if on_epoch is not None:
+            on_epoch(epoch, inside.value)
+    return inside, steps, "epochs"
+
+
+def probed_outcome(
+    probed: tuple[RegionCheck, int, str],
+    policy: AdapterPolicy,
+    msgs: RoleMessages,
+    cfg: TrainConfig,
+    beta: float,
+) -> TrustRegionOutcome:
+    """The probe check's result in the trust region's record: accepted iff an optimiser step was kept."""
+    check, steps, stop = probed
+    tr = cfg.trust_region
+    moved = steps > 0
+    per_epoch = -(-len(msgs) // cfg.optim.minibatch_messages)  # optimiser steps in one epoch
+    epochs_run = -(-steps // per_epoch)
+    log = AttemptLog(
+        cfg.optim.lr, beta, check.value, epochs_run=epochs_run, early_stopped=stop != "epochs", inside=True
+    )
+    if not moved:
+        return TrustRegionOutcome(
+            accepted=False, d_hat=0.0, attempts=[log], beta_next=next_beta(beta, tr.delta * 2.0, tr)
+        )
+    with torch.no_grad():
+        new_logp = policy.logp(msgs, grad=False)
+    result = AttemptResult(
+        d_hat=check.value, epochs_run=epochs_run, early_stopped=stop != "epochs", new_logp=new_logp
+    )
+    return TrustRegionOutcome(
+        accepted=True,
+        d_hat=check.value,
+        accepted_attempt=result,
+        attempts=[log],
+        beta_next=next_beta(beta, check.value, tr),
+    )
 
 
 def penalised_surrogate_epochs(
@@ -150,24 +281,33 @@ def penalised_surrogate_epochs(
     epochs_run, early_stopped = 0, False
     for epoch in range(1, cfg.optim.epochs + 1):
         for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
-            mb = msgs.subset(idx)
-            new_logp = policy.logp(mb, grad=True)
-            sur = surrogate(new_logp, old_logp[idx], mb, cfg.loss)
-            kl = kl_estimates(new_logp, old_logp[idx], mb.mask, mb.weight)
-            loss = penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)  # -(eq. 10)
-            policy.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
-            torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
+            penalised_gradient(policy, msgs.subset(idx), old_logp[idx], cfg, beta)
             policy.optimizer.step()
         epochs_run = epoch
         new_logp, d_hat = whole_batch_kl(policy, msgs, old_logp, cfg)  # one decision on every rank
         if on_epoch is not None:
             on_epoch(epoch, d_hat)
-        if tr.enabled and tr.early_stop and d_hat > tr.delta and epoch < cfg.optim.epochs:
+        outside = not d_hat <= tr.delta  # a non-finite d_hat is outside
+        if tr.enabled and tr.early_stop and outside and epoch < cfg.optim.epochs:
             early_stopped = True
             break
     return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped, new_logp=new_logp)
+
+
+def penalised_gradient(
+    policy: AdapterPolicy, mb: RoleMessages, old_logp: torch.Tensor, cfg: TrainConfig, beta: float
+) -> torch.Tensor:
+    """The clipped gradient of -(eq. 10) on one minibatch in the adapter's .grad; returns its norm before
+    clipping (non-finite when the loss or the gradient is)."""
+    tr = cfg.trust_region
+    new_logp = policy.logp(mb, grad=True)
+    sur = surrogate(new_logp, old_logp, mb, cfg.loss)
+    kl = kl_estimates(new_logp, old_logp, mb.mask, mb.weight)
+    loss = penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)  # -(eq. 10)
+    policy.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
+    return torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
 
 
 def whole_batch_kl(

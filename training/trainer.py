@@ -5,6 +5,7 @@
       one stage of Algorithm 1 (order sigma, rollouts, n updates,      training/stage.py run_stage,
         the stage certificate C_stage)                                   training/teamtr_step.py teamtr_step
       evaluate again: realised improvement = after - before
+      below the best earlier stage beyond noise: undo it               training/stage_safety.py
       checkpoint (also after every update, from inside the stage)      Trainer._checkpoint
     Spearman(C_stage, realised improvement) over the run              certificate.rank_correlation
 
@@ -37,6 +38,7 @@ from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.certificate import rank_correlation, stage_certificate_forms
 from teamtr.training.checkpoint import (
+    BEST_STAGE,
     STAGE_START,
     Checkpoint,
     load_latest_checkpoint,
@@ -54,6 +56,7 @@ from teamtr.training.progress import TrainingProgress, trained_updates
 from teamtr.training.rollouts import RolloutBatch
 from teamtr.training.run_dir import RunDir, RunDirError, model_path, record_failure
 from teamtr.training.stage import run_stage
+from teamtr.training.stage_safety import BestStage
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
 
@@ -79,6 +82,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self._engine = engine
         self.dp: DataParallel | None = None
+        self.best = BestStage()  # eval.keep_best: the best validated team so far (weights in checkpoints)
 
     def model_path(self) -> str:
         return model_path(self.cfg)  # team.model, else the task's own warm-started model
@@ -154,6 +158,7 @@ class Trainer:
         if not state.evals:
             state.evals.append(evaluate("at the start"))
             metrics.log("eval", state.step, stage=0, **state.evals[-1])  # stage 0: the start
+            self.best.offer(0, state.evals[0], {a: p.weights() for a, p in team.policies.items()})
         for stage in range(start_stage, cfg.stages):
             if cfg.max_rollout_tokens is not None and state.train_tokens >= cfg.max_rollout_tokens:
                 break
@@ -178,7 +183,9 @@ class Trainer:
         team.on_update_done = lambda: self._checkpoint(team, stage)
         record = run_stage(team, role_names, cfg.schedule, stage, order_rng)
         state.stage_certificates.append(record.certificate)
-        state.evals.append(evaluate(f"after stage {stage + 1}"))
+        result = evaluate(f"after stage {stage + 1}")
+        reverted_to = self._keep_best(team, stage, result)
+        state.evals.append(result if reverted_to is None else {**result, "reverted_to": reverted_to})
         team.metrics.log(
             "stage",
             state.step,
@@ -187,9 +194,10 @@ class Trainer:
             rollouts=record.rollouts,
             certificate=record.certificate,
             certificate_forms=stage_certificate_forms([u.certificate for u in record.updates]),
-            realised_improvement=_difference(state.evals[-1]["accuracy"], state.evals[-2]["accuracy"]),
-            eval_before=state.evals[-2]["accuracy"],
-            eval_after=state.evals[-1]["accuracy"],
+            realised_improvement=_difference(result["accuracy"], start_return(state.evals, stage)),
+            eval_before=start_return(state.evals, stage),
+            eval_after=result["accuracy"],
+            reverted_to=reverted_to,  # eval.keep_best undid this stage: the team is stage reverted_to's
             train_tokens=state.train_tokens,
             train_prefill_tokens=state.train_prefill_tokens,
             train_pass_tokens=state.train_pass_tokens,
@@ -201,6 +209,27 @@ class Trainer:
         team.replay_updates.clear()
         team.done_updates.clear()
         self._checkpoint(team, stage + 1)
+
+    def _keep_best(self, team: LLMStageTeam, stage: int, result: dict[str, Any]) -> int | None:
+        """eval.keep_best: undo stage `stage` when its held-out return is below the best earlier stage's
+        beyond noise (every role gets the best stage's weights back as a new version, saved and pushed like
+        an update); else remember it if it is the new best. Returns the stage reverted to, or None."""
+        state = team.state
+        if not self.cfg.eval.keep_best or not self.best.should_revert(result):
+            self.best.offer(stage + 1, result, {a: p.weights() for a, p in team.policies.items()})
+            state.best_stage, state.best_result = self.best.stage, self.best.result
+            return None
+        for adapter, weights in self.best.weights.items():
+            policy = team.policies[adapter]
+            policy.load_weights({k: v.clone() for k, v in weights.items()})
+            version = policy.commit()
+            team.publish(policy)
+            team.metrics.log(
+                "revert", state.step, stage=stage + 1, adapter=adapter, version_after=version,
+                reverted_to=self.best.stage,
+            )  # fmt: skip
+        self.progress.reverted(stage + 1, self.best.stage, result, self.best.result)
+        return self.best.stage
 
     def _stage_evaluation(
         self, roles: list[Role], engine: EmbeddedEngine, task: TaskFamily
@@ -257,6 +286,7 @@ class Trainer:
         }
         adapters = {a: {k: p.detach() for k, p in pi.params.items()} for a, pi in team.policies.items()}
         adapters.update({f"{STAGE_START[0]}{a}": w for a, w in team.stage_start_weights.items()})
+        adapters.update({f"{BEST_STAGE}{a}": w for a, w in self.best.weights.items()})
         save_checkpoint(
             self.run_dir,
             team.state.step,
@@ -270,9 +300,14 @@ class Trainer:
         )
 
     def _restore(self, team: LLMStageTeam, ckpt: Checkpoint) -> int:
+        state = team.state
+        self.best = BestStage(state.best_stage, dict(state.best_result))
         for adapter, weights in ckpt.adapters.items():
             if adapter.startswith(STAGE_START):
                 team.stage_start_weights[adapter.split("/", 1)[1]] = weights
+                continue
+            if adapter.startswith(BEST_STAGE):
+                self.best.weights[adapter.removeprefix(BEST_STAGE)] = weights
                 continue
             policy = team.policies[adapter]
             policy.load_weights({k: v.clone() for k, v in weights.items()})
@@ -293,7 +328,7 @@ class Trainer:
 def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any]:
     """The final "run" record: counters, held-out returns, Spearman(certificate, realised improvement)."""
     improvements = [
-        _difference(b["accuracy"], a["accuracy"]) for a, b in zip(state.evals, state.evals[1:], strict=False)
+        _difference(after["accuracy"], start_return(state.evals, k)) for k, after in enumerate(state.evals[1:])
     ]
     measured = [
         (c, d)
@@ -307,6 +342,7 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         "train_tokens": state.train_tokens,
         "diagnostic_tokens": state.diagnostic_tokens,
         "heldout_tokens": state.heldout_tokens,
+        "probe_tokens": state.probe_tokens,
         "train_prefill_tokens": state.train_prefill_tokens,
         "train_pass_tokens": state.train_pass_tokens,
         "eval_accuracy": [e["accuracy"] for e in state.evals],
@@ -321,6 +357,13 @@ def run_summary(state: RunState, updates: list[dict[str, Any]]) -> dict[str, Any
         **out_of_sample_summary(updates),
         **logprob_gap_summary(updates),  # engine vs trainer log-probs (vLLM rollouts: every role's turns)
     }
+
+
+def start_return(evals: list[dict[str, Any]], stage: int) -> float | None:
+    """The held-out return of the team stage `stage` (0-based) started from: the previous stage's, or,
+    when eval.keep_best undid that stage, the return of the stage it went back to."""
+    before = evals[stage]
+    return before["accuracy"] if "reverted_to" not in before else evals[before["reverted_to"]]["accuracy"]
 
 
 def _difference(after: float | None, before: float | None) -> float | None:

@@ -1,5 +1,10 @@
 """MONITOR step: keep each update inside its KL trust region (docs/training.md, "Trust region").
 
+check = probe (the default): `ExactRegion` measures the exact vocabulary-sum KL per message on the batch's
+contexts and on a held-out probe of the role's contexts; teamtr_step checks it after every optimiser step and
+line-searches a step that would leave back onto the region (training/teamtr_step.py).
+
+check = sampled (before 2026-12; leaks out of sample):
     adaptive beta   after an update, beta *= factor if d_hat > 1.5 delta; beta /= factor if d_hat < delta/1.5
     early stop      the inner epochs stop as soon as the running d_hat exceeds delta (inside `attempt`)
     backtracking    an attempt that ends with d_hat > delta is undone (adapter AND optimizer state restored
@@ -13,13 +18,17 @@ pair; the accepted attempt comes back in the outcome, with whatever the caller m
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import torch
 
 from teamtr.training.config import TrustRegionConfig
+from teamtr.training.token_counts import pass_tokens
+from teamtr.training.vocab_kl import Side, message_kl
 
 
 @dataclass
@@ -120,3 +129,70 @@ def enforce_trust_region(
         beta = min(max(beta, cfg.beta_min if cfg.penalty != "none" else 0.0), cfg.beta_max)
     outcome.beta_next = next_beta(beta, cfg.delta * 2.0, cfg)  # rejected: the region was too small a target
     return outcome
+
+
+@dataclass
+class RegionCheck:
+    """The exact KL of the adapter now against pi_cur, in the units of delta, on two sets of contexts."""
+
+    batch: float  # mean over the batch's messages (contexts the step was fitted on)
+    probe: float  # mean over the probe's held-out messages (contexts it was not fitted on)
+    probe_ucb: float  # one-sided upper confidence bound of `probe` (normal approximation over messages)
+    delta: float
+
+    @property
+    def value(self) -> float:
+        """What is held to delta: the larger of the batch's mean and the probe's bound (nan if non-finite)."""
+        v = max(self.batch, self.probe_ucb)
+        return v if math.isfinite(v) else math.nan
+
+    @property
+    def inside(self) -> bool:
+        return self.value <= self.delta  # False for nan: a non-finite step is outside the region
+
+    def to_dict(self) -> dict[str, float]:
+        return {"kl_batch_exact": self.batch, "kl_probe": self.probe, "kl_probe_ucb": self.probe_ucb}
+
+
+class ExactRegion:
+    """KL(pi_cur, pi_now) of one role on fixed sets of contexts (`cfg.direction`: forward, reverse, max).
+
+    pi_cur is the adapter's weights when this is made; `check()` measures the adapter as it is now. The
+    messages are sampled from pi_cur, so the forward KL summed per message is eq. 11 computed exactly
+    (chain rule, no sampling noise inside a position); reverse charges mass pi_now moves where pi_cur had
+    little, which forward barely sees."""
+
+    def __init__(
+        self,
+        side: Side,
+        temperature: float,
+        batch: tuple[list[list[int]], list[list[int]]],
+        probe: tuple[list[list[int]], list[list[int]]],
+        cfg: TrustRegionConfig,
+    ) -> None:
+        self.side, self.temperature, self.cfg = side, temperature, cfg
+        self.start = side.engine.snapshot_adapter(side.adapter, side.base)
+        self.sets = {"batch": batch, "probe": probe}
+        self.z = NormalDist().inv_cdf(cfg.probe_confidence)
+        self.passed_tokens = 0  # tokens through the model in its KL passes (training/token_counts.py count 3)
+
+    def per_message(self, which: str) -> torch.Tensor:
+        """[M] the constrained KL of each message of one set (per token when the region is per token)."""
+        prompts, completions = self.sets[which]
+        if not prompts:
+            return torch.zeros(0)
+        kl = message_kl(self.side, prompts, completions, self.start, self.temperature)
+        self.passed_tokens += 2 * pass_tokens(prompts, completions)  # pi_cur's pass and pi_now's
+        values = kl.of(self.cfg.direction)
+        return values / kl.tokens.clamp_min(1.0) if self.cfg.per_token else values
+
+    def check(self) -> RegionCheck:
+        batch, probe = self.per_message("batch"), self.per_message("probe")
+        mean = float(probe.mean()) if len(probe) else 0.0
+        spread = float(probe.std()) / math.sqrt(len(probe)) if len(probe) > 1 else 0.0
+        return RegionCheck(
+            batch=float(batch.mean()) if len(batch) else 0.0,
+            probe=mean,
+            probe_ucb=mean + self.z * spread,
+            delta=self.cfg.delta,
+        )

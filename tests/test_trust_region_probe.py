@@ -1,0 +1,156 @@
+"""The enforced trust region (trust_region.check = probe, training/teamtr_step.py `optimise_inside_region`)
+and the evidence rules around it: the line search never keeps an iterate beyond delta on its probe (checked
+here by a brute-force vocabulary KL computed independently), a non-finite step is refused bit for bit, rloo
+advantages by hand, too little signal skips the update, and eval.keep_best undoes a stage that validated
+worse than the best earlier one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_training_trainer import small_config, stage_team  # importing it registers the trainer tests' task
+
+from teamtr.graphs.run_layout import read_metrics, versions_after_stage
+from teamtr.training.advantages import group_normalised_advantages
+from teamtr.training.stage import UpdateContext
+from teamtr.training.stage_safety import BestStage
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from teamtr.training.warmstart import tiny_random_model
+
+    return str(tiny_random_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def brute_force_kl(engine, adapter, prompts, completions, p_weights, q_weights, direction):
+    """Per-message sum over positions of the exact KL between the adapter at p_weights and at q_weights,
+    one prefix at a time through the engine's own scoring of every vocabulary token (no shared code with
+    training/vocab_kl.py)."""
+    model = engine.model()
+    out = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        total = 0.0
+        for u in range(len(completion)):
+            ids = torch.tensor([list(prompt) + list(completion[:u])])
+            dists = []
+            for w in (p_weights, q_weights):
+                engine.restore_adapter(adapter, w)
+                model.set_adapter(adapter)
+                with torch.no_grad():
+                    dists.append(torch.log_softmax(model(input_ids=ids).logits[0, -1].double(), -1))
+            p, q = dists
+            forward, reverse = float((p.exp() * (p - q)).sum()), float((q.exp() * (q - p)).sum())
+            total += {"forward": forward, "reverse": reverse, "max": max(forward, reverse)}[direction]
+        out.append(total)
+    engine.restore_adapter(adapter, q_weights)
+    return out
+
+
+@pytest.mark.parametrize("direction", ["max", "forward"])
+def test_the_line_search_never_keeps_an_iterate_beyond_delta_on_its_probe(tiny_model, tmp_path, direction):
+    delta = 0.02
+    cfg = small_config(
+        tiny_model, tmp_path / "run",
+        **{"optim.lr": 0.3, "optim.epochs": 4, "trust_region.delta": delta, "trust_region.direction": direction,
+           "trust_region.probe_episodes": 6},
+    )  # fmt: skip
+    team = stage_team(cfg, tiny_model)
+    engine, policy = team.engine, team.policies["adder1"]
+    batch = team.rollout(0, 0)
+    ctx = UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)
+    probe = team.probe_contexts(ctx)  # the same seeded episodes the update will draw
+    start = policy.weights()
+    record = team.update(ctx).record
+    # lr 0.3 leaves the region at once: the step was line-searched back onto it, and kept
+    assert record["accepted"] and record["stop"] == "boundary", record
+    assert record["probe_messages"] == len(probe[0]) > 0
+    now = policy.weights()
+    probe_kl = brute_force_kl(engine, "adder1", *probe, start, now, direction)
+    batch_kl = brute_force_kl(engine, "adder1", batch_prompts(batch), batch_completions(batch), start, now, direction)
+    assert record["kl_probe"] == pytest.approx(float(np.mean(probe_kl)), rel=1e-3, abs=1e-7)
+    assert record["kl_batch_exact"] == pytest.approx(float(np.mean(batch_kl)), rel=1e-3, abs=1e-7)
+    assert float(np.mean(probe_kl)) <= record["kl_probe_ucb"] <= delta
+    assert float(np.mean(batch_kl)) <= delta
+    assert 0 < record["d_hat"] <= delta
+
+
+def batch_prompts(batch):
+    return [t.prompt_ids for traj in batch.trajectories for t in traj.turns_of("adder1") if t.completion_ids]
+
+
+def batch_completions(batch):
+    return [t.completion_ids for traj in batch.trajectories for t in traj.turns_of("adder1") if t.completion_ids]
+
+
+def test_a_non_finite_step_is_refused_and_leaves_the_adapter_bit_identical(tiny_model, tmp_path):
+    cfg = small_config(tiny_model, tmp_path / "run", **{"optim.lr": math.inf, "trust_region.probe_episodes": 3})
+    team = stage_team(cfg, tiny_model)
+    policy = team.policies["adder1"]
+    batch = team.rollout(0, 0)
+    before = policy.weights()
+    record = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)).record
+    assert not record["accepted"] and record["stop"] == "non_finite" and record["d_hat"] == 0.0
+    for k, v in policy.weights().items():
+        assert torch.equal(v, before[k]), k
+    assert not any(torch.isnan(s).any() for st in policy.optimizer.state.values() for s in st.values()
+                   if torch.is_tensor(s))  # fmt: skip
+
+
+def test_rloo_advantages_by_hand_and_the_signal_count():
+    rewards = [1, 0, 0, 0, 1, 1, 1, 1, 0, 0]
+    groups = ["a"] * 4 + ["b"] * 4 + ["c"] * 2
+    adv = group_normalised_advantages(rewards, groups, baseline="rloo")
+    # R_g - mean of the other three: a = [1 - 0, 0 - 1/3, 0 - 1/3, 0 - 1/3]; b has no spread; c = [0, 0]
+    assert np.allclose(adv.values, [1, -1 / 3, -1 / 3, -1 / 3, 0, 0, 0, 0, 0, 0])
+    assert adv.signal_groups == 1 and adv.zeta_norm == 0.0
+    # a lone failure among 16 weighs 1 under rloo, the clip's 3 under group normalisation
+    lone = [0] + [1] * 15
+    assert group_normalised_advantages(lone, ["g"] * 16, baseline="rloo").values[0] == pytest.approx(-1.0)
+    assert group_normalised_advantages(lone, ["g"] * 16, baseline="group_normalised").values[0] == -3.0
+
+
+def test_too_few_groups_with_signal_skip_the_update(tiny_model, tmp_path):
+    cfg = small_config(tiny_model, tmp_path / "run", **{"loss.min_signal_groups": 99})
+    team = stage_team(cfg, tiny_model)
+    batch = team.rollout(0, 0)
+    before = team.policies["adder1"].weights()
+    record = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)).record
+    assert record["no_signal"] and not record["accepted"] and record["signal_groups"] < 99
+    assert all(torch.equal(v, before[k]) for k, v in team.policies["adder1"].weights().items())
+
+
+def test_keep_best_undoes_a_stage_below_the_best_beyond_noise(tiny_model, tmp_path):
+    from teamtr.training.trainer import Trainer
+
+    cfg = small_config(tiny_model, tmp_path / "run")
+    team = stage_team(cfg, tiny_model)
+    trainer = Trainer(cfg)
+    start = {a: p.weights() for a, p in team.policies.items()}
+    trainer.best.offer(0, {"accuracy": 0.6, "episodes": 200}, start)
+    for p in team.policies.values():  # a stage that moved every role
+        p.load_weights({k: v + 0.1 for k, v in p.weights().items()})
+        p.commit()
+    team.metrics.log("stage", 0, stage=1)  # the stage record versions_after_stage counts
+    # within noise of the best: kept, and it becomes the best when higher
+    assert trainer._keep_best(team, 0, {"accuracy": 0.55, "episodes": 200}) is None
+    assert trainer.best.stage == 0
+    # beyond noise below the best (0.6 vs 0.4 over 200 episodes: 4.2 standard errors): undone
+    assert trainer._keep_best(team, 0, {"accuracy": 0.4, "episodes": 200}) == 0
+    for adapter, policy in team.policies.items():
+        assert all(torch.equal(v, start[adapter][k]) for k, v in policy.weights().items())
+        assert policy.version() == 2  # v1 the stage's update, v2 the revert
+    reverts = read_metrics(tmp_path / "run", kind="revert")
+    assert {r["adapter"] for r in reverts} == set(team.policies) and all(r["reverted_to"] == 0 for r in reverts)
+    assert set(versions_after_stage(tmp_path / "run", 1).values()) == {2}
+    # a better stage becomes the best
+    best = BestStage()
+    best.offer(0, {"accuracy": 0.5, "episodes": 100}, {})
+    best.offer(3, {"accuracy": 0.7, "episodes": 100}, {})
+    assert best.stage == 3 and not best.should_revert({"accuracy": 0.69, "episodes": 100})
