@@ -132,6 +132,7 @@ def test_canary_arms_tally_and_decision():
     assert t.figures()["candidate_reward"] == 1.0 and t.figures()["incumbent_reward"] == 0.0
     cfg = CanaryConfig(max_episodes=40)
     assert decide(t, cfg) is None  # one pair proves nothing yet
+    assert decide(tally(eps[:4], role_of, candidate, incumbent, reward), cfg) is None  # no pair yet
 
     def pairs(cand_answer: str, inc_answer: str, n: int) -> list[ServedEpisode]:
         both = [episode("1+2", 2 * i, cand, cand_answer, pair=f"p{i}") for i in range(n)]

@@ -89,6 +89,7 @@ def test_canary_bounds_agree_with_the_decision_and_margins():
     assert canary_bounds(d, 0, 1, 0.95).lower > 0 and canary_bounds(d[:12], 0, 1, 0.95).lower <= 0
     # non-inferiority beyond the range: decided at the first pair
     assert int(canary_crossings(-np.ones(3), 0, 1, 0.95, margin=2)[0]) == 0
+    assert [int(x) for x in canary_crossings(np.zeros(0), 0, 1, 0.95)] == [0, 0]  # no pair yet: undecided
     b = canary_bounds([], 0, 1, 0.95)
     assert b.n == 0 and (b.lower, b.upper) == (-1, 1)
 

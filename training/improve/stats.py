@@ -190,8 +190,10 @@ def canary_crossings(
     def first(hit: np.ndarray) -> np.ndarray:
         return np.where(hit.any(axis=-1), hit.argmax(axis=-1), n)
 
+    if n == 0:
+        return np.zeros(z.shape[:-1], dtype=int), np.zeros(z.shape[:-1], dtype=int)
     if m < -1:  # "not worse by more than the margin" holds for any rewards in the range
-        up = np.zeros(z.shape[:-1], dtype=int) if n else np.full(z.shape[:-1], n)
+        up = np.zeros(z.shape[:-1], dtype=int)
     else:
         up = first(_capital(z, m, 1) >= threshold)
     down = np.full(z.shape[:-1], n) if m >= 1 else first(_capital(z, m, -1) >= threshold)
