@@ -47,6 +47,7 @@ def example_config(name: str, model: str, run_dir: Path, **overrides) -> TrainCo
         "rollout": {"prompts_per_update": 2, "group_size": 3},
         "optim": {"lr": 5e-3, "epochs": 1, "minibatch_messages": 8},
         "trust_region.heldout_episodes": 0,
+        "trust_region.probe_episodes": 2,
         "eval": {"stage_episodes": 2, "final_episodes": 2},
         **overrides,
     }
@@ -151,8 +152,9 @@ def test_a_non_finite_reward_fails_the_batch_and_the_run_resumes(tiny_model, tmp
         stages=2,
         **{"team.reward": "teamtr_test_bad_graphs:flaky_reward"},
     )
-    # stage 0: the held-out evaluation before it, 3 fresh rollouts of 2 x 3 episodes, the evaluation after
-    bad.LIMIT[0] = 2 + 3 * 6 + 2
+    # stage 0: the held-out evaluation before it, 3 fresh rollouts of 2 x 3 episodes, each update's 2 probe
+    # episodes (the trust region's held-out contexts), the evaluation after
+    bad.LIMIT[0] = 2 + 3 * 6 + 3 * 2 + 2
     with pytest.raises(
         RunDirError, match=r"stage 2 rollout 0 failed: RewardError: .*flaky_reward.* returned nan"
     ):

@@ -21,7 +21,7 @@ from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, surrogate
-from teamtr.training.vocab_kl import Side, message_divergences
+from teamtr.training.vocab_kl import MessageKL, Side, message_divergences
 
 MONITOR_CHUNK = 8  # messages per forward pass of the held-out KL check (vocabulary in chunks of positions)
 
@@ -177,6 +177,7 @@ class OutOfSampleKL:
     episode_of: list[int] = field(default_factory=list)  # the held-out episode of each message
     rewards: list[float] = field(default_factory=list)  # every held-out episode's reward
     log_ratios: torch.Tensor | None = None  # [M] log pi_new / pi_cur of each sampled message (per_message)
+    divergences: MessageKL | None = None  # forward and reverse KL of each message (per_message)
 
     @classmethod
     def before(cls, trajectories: list[Trajectory], role: str, policy: AdapterPolicy) -> OutOfSampleKL:
@@ -197,10 +198,10 @@ class OutOfSampleKL:
         positions (training/vocab_kl.py `message_divergences`); sets `log_ratios` from the same passes."""
         policy = self.policy
         side = Side(policy.engine, policy.base, policy.adapter)
-        kl, self.log_ratios = message_divergences(
+        self.divergences, self.log_ratios = message_divergences(
             side, self.prompts, self.completions, self.weights_before, policy.temperature, MONITOR_CHUNK
         )
-        return kl.forward
+        return self.divergences.forward
 
     def heldout_surrogate(self) -> tuple[float, float, int] | None:
         """(L_ho, its standard error, episodes) of the update just measured by `per_message`: the
@@ -213,24 +214,27 @@ class OutOfSampleKL:
         value, se = heldout_surrogate(per_episode, self.rewards)
         return value, se, len(self.rewards)
 
-    def after(self, delta: float, per_token: bool) -> dict[str, float | int | bool | None]:
-        """The update record's fields: mean KL per message and per token, how many messages, and
-        whether the monitored value (per token when the region is per token) exceeded delta."""
+    def after(self, delta: float, per_token: bool, direction: str = "forward") -> dict[str, float | int | bool | None]:
+        """The update record's fields: mean forward KL per message and per token, the reverse KL, how many
+        messages, and delta_eff: the KL in the region's `direction` (per token when the region is per
+        token), and whether it exceeded delta."""
         if not self.prompts:
             return {
                 "kl_out_of_sample": None,
                 "kl_out_of_sample_token": None,
                 "kl_out_of_sample_messages": 0,
+                "kl_out_of_sample_reverse": None,
                 "left_region_out_of_sample": None,
                 "delta_eff": None,
             }
         kl = self.per_message()
         tokens = sum(len(c) for c in self.completions)
-        message_mean, token_mean = float(kl.mean()), float(kl.sum()) / tokens
-        effective = token_mean if per_token else message_mean
+        constrained = self.divergences.of(direction)
+        effective = float(constrained.sum()) / tokens if per_token else float(constrained.mean())
         return {
-            "kl_out_of_sample": message_mean,
-            "kl_out_of_sample_token": token_mean,
+            "kl_out_of_sample": float(kl.mean()),
+            "kl_out_of_sample_token": float(kl.sum()) / tokens,
+            "kl_out_of_sample_reverse": float(self.divergences.reverse.mean()),
             "kl_out_of_sample_messages": len(self.prompts),
             "left_region_out_of_sample": effective > delta,
             "delta_eff": effective,  # the step really taken, in the units of delta (logged beside it)

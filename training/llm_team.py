@@ -133,7 +133,10 @@ class LLMStageTeam:
         # rollout.engine: vllm: the team samples through vLLM, to which every accepted version is pushed
         self.vllm = rollout_engine if isinstance(rollout_engine, VLLMRollouts) else None
         rollouts = engine if rollout_engine is None else rollout_engine
-        team = build_team(cfg.team, roles, rollouts, temperature=cfg.rollout.temperature, name="train")
+        # errors name the user's graph (team.graph), else teamtr's own round-robin team
+        team = build_team(
+            cfg.team, roles, rollouts, temperature=cfg.rollout.temperature, name=cfg.team.graph or "train"
+        )
         self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
         for r in roles:
             params = engine.adapter_parameters(r.adapter, r.base_model)
@@ -270,7 +273,9 @@ class LLMStageTeam:
         self.state.train_pass_tokens += policy.passed_tokens - passed_before
         push_seconds = self.publish(policy) if step.accepted else None
 
-        measured = heldout_kl.after(self.cfg.trust_region.delta, self.cfg.trust_region.per_token)
+        tr = self.cfg.trust_region
+        # delta_eff in the direction the probe check constrains (forward when the check is sampled: eq. 11)
+        measured = heldout_kl.after(tr.delta, tr.per_token, tr.direction if tr.check == "probe" else "forward")
         diagnostics = {
             "clip_fraction": float(step.surrogate.clip_fraction),
             "logprob_gap": logprob_gap(step.messages, step.old_logp),
