@@ -81,6 +81,34 @@ def test_canary_requests_are_answered_again_by_the_incumbent_on_the_same_prompt(
         assert [c - i for c, i in zip(arm[2], arm[1], strict=True)] == [1.0] * 4
         assert decide(t, CanaryConfig(max_episodes=4))[1].startswith("not shown better within 4 pairs")
 
+        # a conversation continued on canary requests: each shadow sees the thread, adds nothing to it
+        client.set_canary_share(1.0)
+        for prompt in ("2+2+2+2", "3+3+3+3"):
+            httpx.post(
+                server.url + "/v1/chat/completions",
+                json={
+                    "model": "chain",
+                    "messages": [{"role": "user", "content": prompt}],
+                    "metadata": {"conversation_id": "thread-1"},
+                },
+                timeout=120,
+            ).raise_for_status()
+        fed = httpx.post(server.url + "/v1/feedback", json={"conversation_id": "thread-1", "reward": 0.5})
+        assert fed.json()["episodes"] == 2  # the two answers the user saw, no shadow
+        while sum(e.shadow for e in client.episodes(team="chain", shadows=True)) < 6:
+            assert time.monotonic() < deadline, "the shadow episodes did not finish"
+            time.sleep(0.2)
+        thread = [
+            e for e in client.episodes(team="chain", shadows=True) if e.prompt in ("2+2+2+2", "3+3+3+3")
+        ]
+        assert sorted((e.prompt, e.shadow) for e in thread) == [
+            ("2+2+2+2", False),
+            ("2+2+2+2", True),
+            ("3+3+3+3", False),
+            ("3+3+3+3", True),
+        ]
+        assert all(e.reward == (None if e.shadow else 0.5) for e in thread)
+
         # every version a shadow held is released
         listed = client.list_versions()
         assert all(v.in_flight == 0 for vs in listed.roles.values() for v in vs)
