@@ -1,5 +1,7 @@
-"""The GPU path in one run: the embedded engine on the device, a vLLM server with two role LoRAs and a
-hot-swap, and one TeamTR stage whose rollouts vLLM samples; prints what it measured as one JSON object.
+"""The GPU path in one run: the embedded engine on the device, one update of the trainer's log-prob pass
+(forward, backward and an optimiser step of a LoRA adapter on the configured model, peak CUDA memory), a
+vLLM server with two role LoRAs and a hot-swap, and one TeamTR stage whose rollouts vLLM samples; prints
+what it measured as one JSON object.
 
     .venv/bin/python scripts/gpu_check.py --device cuda            # bfloat16 on the first GPU
     .venv/bin/python scripts/gpu_check.py --device cpu --no-vllm   # the dry run (tests/test_gpu_check.py)
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 
 from teamtr.graphs.engine import LORA_TARGET_MODULES, SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
 
 PROMPTS = ["3+4+5", "1+2+3", "9+8+7", "2+6+1", "5+5+5", "7+1+4", "4+4+2", "8+3+6"]
 
@@ -110,6 +112,69 @@ def embedded_check(model: str, device: str, dtype: str, prompts: list[list[int]]
     return out
 
 
+def update_check(
+    model: str, device: str, dtype: str, messages: int, tokens: int, rank: int, checkpointing: bool
+) -> dict:
+    """One optimiser step of the trainer's log-prob pass on `model` (training/policy.py AdapterPolicy, as
+    an update runs it): `messages` messages of `tokens` random tokens (the first 32 the prompt, the rest the
+    completion), log-probs with a gradient, backward, AdamW step of a fresh LoRA adapter of rank `rank`.
+    `peak_gb`: torch.cuda.max_memory_allocated over the step (weights included; None on the CPU)."""
+    import gc
+
+    from teamtr.training.policy import AdapterPolicy
+    from teamtr.training.rollouts import RoleMessages, pad
+
+    gc.collect()  # the embedded check's engine, gone before this one loads
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+    engine = EmbeddedEngine(
+        model, adapters={"solver": None}, device=device, dtype=dtype, lora=LoraSettings(r=rank)
+    )
+    params = engine.adapter_parameters("solver")
+    optimizer = torch.optim.AdamW(list(params.values()), lr=1e-4)
+    policy = AdapterPolicy(engine, "solver", "base", params, optimizer, gradient_checkpointing=checkpointing)
+    config = engine.model().config
+    vocab = config.vocab_size
+    tokens = min(tokens, getattr(config, "max_position_embeddings", None) or tokens)  # the demo model: 512
+    ids = torch.randint(0, vocab, (messages, tokens), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = min(32, tokens // 2)
+    completions = [s[prompt:] for s in ids]
+    zeros, mask = pad([torch.zeros(len(c)) for c in completions])
+    ones = torch.ones(messages)
+    msgs = RoleMessages(
+        [s[:prompt] for s in ids], completions, torch.arange(messages), ones, ones, mask, zeros
+    )
+    out: dict[str, Any] = {
+        "messages": messages, "tokens": tokens, "completion_tokens": int(mask.sum()), "vocab": vocab,
+        "lora_rank": rank, "gradient_checkpointing": checkpointing, "bf16_autocast": cuda and policy.bf16_autocast,
+        "lora_params": sum(p.numel() for p in params.values()),
+        "weights_gb": round(sum(p.numel() * p.element_size() for p in engine.model().parameters()) / 1e9, 3),
+    }  # fmt: skip
+    if cuda:
+        torch.cuda.synchronize()
+        out["allocated_before_gb"] = round(torch.cuda.memory_allocated() / 1e9, 3)
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    logp = policy.logp(msgs, grad=True)
+    loss = -(logp * msgs.mask).sum() / msgs.mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if cuda:
+        torch.cuda.synchronize()
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    out["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3) if cuda else None
+    out["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 1e9, 3) if cuda else None
+    out["loss"] = float(loss)
+    out["finite"] = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p).all()) for p in params.values())
+    del engine, policy, optimizer, params, logp, loss
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
 def vllm_check(
     model: str,
     device: str,
@@ -139,7 +204,10 @@ def vllm_check(
         if url
         else launch(  # the settings every teamtr command launches vLLM with (serving/engines/open.py)
             dataclasses.replace(
-                vllm_server_config(EngineSpec(bases={"base": str(model)}, kind="vllm", dtype=dtype, lora_rank=rank), str(model)),
+                vllm_server_config(
+                    EngineSpec(bases={"base": str(model)}, kind="vllm", dtype=dtype, lora_rank=rank),
+                    str(model),
+                ),
                 log_path=str(work / "vllm.log"),
             )
         )
@@ -243,6 +311,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--no-vllm", action="store_true", help="skip the vLLM server (the stage rolls out embedded)"
     )
+    parser.add_argument("--update-messages", type=int, default=4, help="messages of the log-prob update")
+    parser.add_argument(
+        "--update-tokens",
+        type=int,
+        default=None,
+        help="tokens per message (default: 1024 on a GPU, 64 on the CPU)",
+    )
+    parser.add_argument(
+        "--update-only", action="store_true", help="only the log-prob update (no throughput, vLLM or stage)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
@@ -254,10 +332,21 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
     }  # fmt: skip
     texts = (PROMPTS * (args.sequences // len(PROMPTS) + 1))[: args.sequences]
-    engine_tok = EmbeddedEngine(model, device="cpu", dtype="float32").tokenizer()
-    result["embedded"] = embedded_check(
-        model, args.device, dtype, [engine_tok(t)["input_ids"] for t in texts], args.new_tokens
-    )
+    if not args.update_only:
+        engine_tok = EmbeddedEngine(model, device="cpu", dtype="float32").tokenizer()
+        result["embedded"] = embedded_check(
+            model, args.device, dtype, [engine_tok(t)["input_ids"] for t in texts], args.new_tokens
+        )
+    # one update of the log-prob pass, without and with body checkpointing, before vLLM takes GPU memory
+    update_tokens = args.update_tokens or (64 if args.device == "cpu" else 1024)
+    result["update"] = [
+        update_check(model, args.device, dtype, args.update_messages, update_tokens, args.lora_rank, ckpt)
+        for ckpt in (False, True)
+    ]
+    print(json.dumps({"update": result["update"]}), file=sys.stderr, flush=True)  # kept if a timeout comes
+    if args.update_only:
+        result["ok"] = all(u["finite"] for u in result["update"])
+        return _finish(result, t0, args.out)
     server = None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -287,12 +376,20 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             if server is not None:
                 server.stop()
-    result["seconds"] = round(time.perf_counter() - t0, 1)
     swaps = result["vllm"].get("swaps", {})
-    result["ok"] = swaps.get("failures", 0) == 0 and result["stage"]["updates"] > 0
+    result["ok"] = (
+        swaps.get("failures", 0) == 0
+        and result["stage"]["updates"] > 0
+        and all(u["finite"] for u in result["update"])
+    )
+    return _finish(result, t0, args.out)
+
+
+def _finish(result: dict, t0: float, out: Path | None) -> dict:
+    result["seconds"] = round(time.perf_counter() - t0, 1)
     text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
     print(text)
     return result
 

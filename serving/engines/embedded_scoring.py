@@ -26,9 +26,10 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from teamtr.serving.engines.embedded_adapters import adapters_for
 from teamtr.serving.engines.embedded_model import LoadedBase
 
-# float32 logits of one chunk of positions: 256 MiB is 441 positions of Qwen3's 151,936-token vocabulary,
-# 2,097 of a 32,000-token one (the chunk's memory is the same whatever the vocabulary)
-LOGIT_CHUNK_BYTES = 256 * 2**20
+# float32 logits of one chunk of positions: 128 MiB is 220 positions of Qwen3's 151,936-token vocabulary
+# (a [220, 4096] x [4096, 151,936] matmul, large enough for a GPU), 1,048 of a 32,000-token one: the chunk's
+# memory is the same whatever the vocabulary; its backward holds about 4 such tensors
+LOGIT_CHUNK_BYTES = 128 * 2**20
 
 
 def position_chunk(vocab_size: int, chunk_bytes: int = LOGIT_CHUNK_BYTES) -> int:
