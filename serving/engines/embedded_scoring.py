@@ -14,6 +14,7 @@ The same pieces give training/vocab_kl.py its exact KL, chunked the same way.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -135,9 +136,11 @@ def completion_states(
     device = next(hf.parameters()).device
     ids, mask = padded_batch(pad, prompts, completions)
     captured: list[torch.Tensor] = []
+    thread = threading.get_ident()
 
     def keep(_module: torch.nn.Module, _args: tuple, output: object) -> None:
-        captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+        if threading.get_ident() == thread:  # not a forward the serving engine's decode thread runs meanwhile
+            captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
 
     kwargs = dict(forward_kwargs or {})
     if "logits_to_keep" in inspect.signature(type(hf).forward).parameters:
