@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from team_size_study import append_cell, read_cells, record_config  # noqa: E402
@@ -73,6 +74,9 @@ class RelayStudyConfig:
     # to the delta_eff the LLM steps reach
     lab_deltas: list[float] | None = field(default_factory=lambda: [0.05, 0.15, 0.3])
     lab_seeds: int = 10  # warm starts with logit noise for the prediction's band
+    # config overrides for every training cell ("trust_region.check": "sampled", ...): ablations of the
+    # trainer (benchmarks/results/trainer_check/)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def cell_key(n: int, legibility: float, delta: float | None, seed: int | None, arm: str) -> str:
@@ -152,7 +156,7 @@ def train_config(
             "trust_region": {"delta": delta, "heldout_episodes": cfg.heldout_episodes},
             "eval": {"stage_episodes": cfg.stage_episodes, "final_episodes": cfg.eval_episodes, "temperature": 1.0},
         }
-    )
+    ).with_overrides(cfg.overrides)
 
 
 def episodes(engine: Any, run: Any, seed: int, temperature: float, n: int, group: int = 1) -> tuple[list, list]:
@@ -373,7 +377,12 @@ def parse_args(argv: list[str] | None) -> RelayStudyConfig:
     p.add_argument("--slip", type=float, default=d.slip, help="role 1's demonstrated slip rate")
     p.add_argument("--model", default=None, help="one base model for every cell (default: the warm starts)")
     p.add_argument("--pilot", action="store_true", help="n = 4, l = 0, one seed (out: .../pilot)")
+    p.add_argument(
+        "--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE",
+        help="config overrides of every training cell (YAML values): trust_region.check=sampled",
+    )  # fmt: skip
     a = vars(p.parse_args(argv))
+    a["overrides"] = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in a["overrides"])}
     if a["cell_seeds"] is None:
         a.pop("cell_seeds")
     else:
