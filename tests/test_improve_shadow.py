@@ -7,6 +7,7 @@ shadow, and the versions a shadow held are released."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -15,6 +16,8 @@ from serving_fixtures import make_run_dir, serve_in_background, write_versions
 from teamtr.serving.admin_client import AdminClient
 from teamtr.serving.server import ServeConfig
 from teamtr.training.improve.canary import CanaryConfig, decide, tally
+from teamtr.training.improve.judge import Judges
+from teamtr.training.improve.loop import ImproveConfig, ImproveLoop
 
 PROMPTS = [f"{a}+{b}+{a + b}+1" for a, b in ((1, 2), (3, 4), (5, 1), (2, 2), (7, 1), (4, 4), (6, 2), (1, 8))]
 ROLE_OF = {"adder1": "adder1", "adder2": "adder2", "adder3": "adder3"}
@@ -114,3 +117,60 @@ def test_canary_requests_are_answered_again_by_the_incumbent_on_the_same_prompt(
         assert all(v.in_flight == 0 for vs in listed.roles.values() for v in vs)
         client.abandon_candidate()
         assert client.candidate() is None
+
+
+def test_the_loops_canary_asks_for_shadows_and_decides_on_prompt_pairs(tiny_model_dir, tmp_path):
+    """ImproveLoop's load and canary steps with a function judge: the candidate is staged with shadows,
+    the canary reads them back and decides on pairs taken on the same prompt."""
+    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": "traces.db"})
+    with serve_in_background(config) as server:
+        client = AdminClient(server.url, "adm")
+        v1 = str(run / "adapters/adder2/v1")
+        v2 = write_versions(tiny_model_dir, run, range(2, 3), roles=("adder2",)) / "adapters/adder2/v2"
+        canary = CanaryConfig(max_episodes=4, poll_s=0.2, timeout_s=300)
+        cfg = ImproveConfig(str(run), str(tmp_path / "work"), "chain", server.url, "adm", canary=canary)
+        loop = ImproveLoop(cfg, say=lambda line: None)
+        loop._judges = Judges(prompt_only, "prompt_only", prompt_only, "prompt_only", [])
+        state = {
+            "attempt": 1,
+            "id": "a1",
+            "run_dir": str(tmp_path / "work/attempt-1"),
+            "incumbent": {"adder2": (1, v1)},
+            "candidate_dirs": {"adder2": str(v2)},
+            "candidate_versions": {"adder2": 2},
+            "window": {"episodes": 0, "since_ns": 0, "until_ns": 0},
+            "gate": {
+                "difference": 0.0,
+                "lower_bound": 0.0,
+                "prompts": 0,
+                "test": "superiority",
+                "judge": "t",
+            },
+        }
+        state = loop.load_step(state)
+        assert client.candidate().shadow
+
+        stop = threading.Event()
+
+        def traffic() -> None:
+            with httpx.Client(base_url=server.url, timeout=120) as c:
+                while not stop.is_set():
+                    for prompt in PROMPTS:
+                        c.post(
+                            "/v1/chat/completions",
+                            json={"model": "chain", "messages": [{"role": "user", "content": prompt}]},
+                        )
+
+        sender = threading.Thread(target=traffic, daemon=True)
+        sender.start()
+        try:
+            state = loop.canary_step(state)
+        finally:
+            stop.set()
+            sender.join(120)
+        figures = state["canary"]
+        assert state["decision"] == "rollback" and "not shown better within 4 pairs" in state["reason"]
+        assert "paired by prompt" in state["reason"] and figures["paired_by_prompt"]
+        assert figures["pairs"] >= 4 and figures["shadow_episodes"] >= 4 and figures["mean_difference"] == 0.0
+        assert loop.decide_step(state)["outcome"] == "rolled_back" and client.candidate() is None
