@@ -166,7 +166,9 @@ def completion_states(
     head = LMHead.of(model)
     with torch.no_grad():  # the head applied here must be the model's: same logits at the last position
         mine, theirs = head.raw(hidden[:, -1:]).float(), out.logits[:, -1:].float()
-        if not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3):
+        # (equal_nan: weights a refused step made non-finite give NaN logits both ways; the trainer
+        # decides on them, this check must not)
+        if not torch.allclose(mine, theirs, rtol=1e-3, atol=1e-3, equal_nan=True):
             raise ValueError(
                 f"{type(hf).__name__}: logits differ from its output layer applied to the last hidden state "
                 "(a transformation after the LM head this scorer does not know)"

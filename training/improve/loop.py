@@ -223,8 +223,10 @@ class ImproveLoop:
         }
         attempt = (previous["attempt"] + 1) if previous else 1
         run_dir = self.work / f"attempt-{attempt}"
-        # feedback alone: no reward for the KL monitor's fresh episodes, so no monitor unless asked
-        settings = {"trust_region.heldout_episodes": 0, **cfg.train} if cfg.reward == FEEDBACK else cfg.train
+        # feedback alone: no reward for a fresh episode, so neither the held-out KL check nor the probe
+        # check (both sample fresh episodes of the team) unless asked: the region is checked on the batch
+        no_fresh = {"trust_region.heldout_episodes": 0, "trust_region.check": "sampled"}
+        settings = {**no_fresh, **cfg.train} if cfg.reward == FEEDBACK else cfg.train
         train_cfg = improve_config(self.served, run_dir, settings)
         feedback = None
         if self.trains_on_feedback:  # the exploratory episodes of the training prompts, saved in the run
