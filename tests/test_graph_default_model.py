@@ -148,6 +148,10 @@ def test_the_review_loop_without_a_model_trains_and_serves_on_smollm2(smollm2_mo
             "rollout": {"prompts_per_update": 1, "group_size": 2},
             "optim": {"epochs": 1},
             "trust_region.heldout_episodes": 0,
+            # plumbing, not the trust region: checked on the batch (no probe episodes to sample), and AdamW
+            # moves the adapter visibly at this lr (RAdam's first steps are small momentum-SGD ones)
+            "trust_region.check": "sampled",
+            "optim.optimizer": "adamw",
             "eval": {"stage_episodes": 0, "final_episodes": 1},
         }
     )

@@ -66,6 +66,10 @@ def test_a_teamtr_stage_on_smollm2_samples_each_pushed_adapter_through_vllm(
             "optim.minibatch_messages": 4,
             "trust_region.delta": 5.0,  # the plumbing is tested here, not the trust region
             "trust_region.heldout_episodes": 0,
+            # plumbing, not the trust region: checked on the batch (no probe episodes to sample), and AdamW
+            # moves the adapter visibly at this lr (RAdam's first steps are small momentum-SGD ones)
+            "trust_region.check": "sampled",
+            "optim.optimizer": "adamw",
             "eval.stage_episodes": 0,
         },
     )

@@ -97,6 +97,10 @@ def test_a_teamtr_stage_with_rollouts_on_two_replicas(vllm_server, replica_b, vl
             "rollout.prompts_per_update": 2,
             "rollout.group_size": 4,
             "trust_region.heldout_episodes": 0,
+            # plumbing, not the trust region: checked on the batch (no probe episodes to sample), and AdamW
+            # moves the adapter visibly at this lr (RAdam's first steps are small momentum-SGD ones)
+            "trust_region.check": "sampled",
+            "optim.optimizer": "adamw",
             "trust_region.delta": 0.5,
             "eval.stage_episodes": 0,
         },

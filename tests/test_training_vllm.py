@@ -64,6 +64,7 @@ def test_a_teamtr_stage_with_vllm_rollouts_pushes_each_accepted_adapter(
             "rollout.prompts_per_update": 2,
             "rollout.group_size": 4,
             "trust_region.heldout_episodes": 2,
+            "optim.optimizer": "adamw",  # a visible move at this lr: RAdam's first steps are small
             "trust_region.delta": 0.5,
             "eval.stage_episodes": 2,
         },
