@@ -100,7 +100,7 @@ def teamtr_step(
     tr = cfg.trust_region
     # the batch must be samples of pi_T, the policy trained (training/behaviour.py says why not)
     require_on_policy(batch.trajectories, policy.temperature)
-    # ADV (A): bounded group-normalised advantage of every episode, one group per prompt
+    # ADV (A): bounded advantage of every episode against its prompt group (rloo by default)
     adv = advantages_for(batch.rewards, batch.groups, cfg.loss)
     # only j's tokens enter its loss; each of its messages carries its episode's A_g
     msgs = messages_of_role(batch, role, adv, episode_weights)
