@@ -24,20 +24,19 @@ from typing import Any
 # region checked on the batch's own sampled tokens per epoch, restore-and-halve backtracking, group-
 # normalised advantages, AdamW, no stage-level revert. The ablations switch one part of the default back.
 ARMS: dict[str, dict[str, Any]] = {
-    "default": {},
+    "default": {},  # probe check, max-direction KL, rloo, AdamW, keep_best
+    "radam": {"optim.optimizer": "radam"},  # the default the pilot started from (steps a tenth the size)
     "before_2026_12": {
         "trust_region.check": "sampled",
         "loss.advantage": "group_normalised",
         "optim.optimizer": "adamw",
         "eval.keep_best": False,
     },
-    "adamw": {"optim.optimizer": "adamw"},
     "sampled_check": {"trust_region.check": "sampled"},
     "group_normalised": {"loss.advantage": "group_normalised"},
     "no_keep_best": {"eval.keep_best": False},
     "forward_kl": {"trust_region.direction": "forward"},
-    "adamw_epochs4": {"optim.optimizer": "adamw", "optim.epochs": 4},
-    "lr1e-2_epochs4": {"optim.lr": 1e-2, "optim.epochs": 4},
+    "radam_lr1e-2_epochs4": {"optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4},
 }
 
 

@@ -114,9 +114,11 @@ class OptimConfig(_Strict):
     adapter: a shared one would move inactive adapters through their momentum)."""
 
     lr: float = Field(2e-4, gt=0)
-    # adamw's first step on a fresh adapter is lr * sign(g) on every weight whatever its evidence; radam
-    # (rectified Adam) takes momentum-SGD steps until its variance estimate is usable
-    optimizer: Literal["radam", "adamw"] = "radam"
+    # adamw's first step on a fresh adapter is lr * sign(g) on every weight whatever its evidence (the
+    # probe check's line search bounds it); radam (rectified Adam) takes momentum-SGD steps until its
+    # variance estimate is usable: much smaller steps at the same lr. The demo's pilot chose adamw
+    # (benchmarks/results/trainer_check/README.md)
+    optimizer: Literal["adamw", "radam"] = "adamw"
     epochs: int = Field(4, ge=1)  # inner epochs over the update's batch
     minibatch_messages: int = Field(64, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)

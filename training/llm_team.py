@@ -344,7 +344,7 @@ class LLMStageTeam:
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """One role's optimiser (optim.optimizer): RAdam by default, AdamW as before 2026-12."""
+    """One role's optimiser (optim.optimizer): AdamW, or RAdam (no sign-descent first steps)."""
     if cfg.optim.optimizer == "radam":
         return torch.optim.RAdam(
             params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, decoupled_weight_decay=True
