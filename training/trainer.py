@@ -159,6 +159,7 @@ class Trainer:
             state.evals.append(evaluate("at the start"))
             metrics.log("eval", state.step, stage=0, **state.evals[-1])  # stage 0: the start
             self.best.offer(0, state.evals[0], {a: p.weights() for a, p in team.policies.items()})
+            state.best_stage, state.best_result = self.best.stage, self.best.result  # checkpointed with it
         for stage in range(start_stage, cfg.stages):
             if cfg.max_rollout_tokens is not None and state.train_tokens >= cfg.max_rollout_tokens:
                 break
