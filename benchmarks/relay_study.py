@@ -278,7 +278,8 @@ def run_arm(
     trainer = Trainer(tcfg)
     summary = trainer.train()
     run = RunDir(tcfg.run_dir)
-    t1 = evaluate(trainer.engine, run, seed, 1.0, cfg.eval_episodes)
+    tasks, final = episodes(trainer.engine, run, seed, 1.0, cfg.eval_episodes)
+    t1 = [float(t.reward) for t in final]
     greedy = evaluate(trainer.engine, run, seed, 0.0, cfg.greedy_episodes)
     updates = read_metrics(Path(tcfg.run_dir), kind="update")
     stages = read_metrics(Path(tcfg.run_dir), kind="stage")
@@ -290,6 +291,8 @@ def run_arm(
         "accuracy_t1": float(np.mean(t1)),
         "accuracy_greedy": float(np.mean(greedy)),
         "rewards_t1": t1,
+        # the blind roles' stray mass per turn and the other turn rates, on the final T = 1 episodes
+        "turn_rates_t1": turn_rates(tasks, final),
         "stages": summary["stages"],
         "updates": summary["updates"],
         "train_tokens": summary["train_tokens"],
@@ -301,6 +304,14 @@ def run_arm(
         "surrogate_heldout": per_update("surrogate_heldout"),
         "no_signal": per_update("no_signal"),
         "train_reward": per_update("reward"),
+        # the region check's own figures (trust_region.check: probe) and what the batch never saw
+        "role": per_update("role"),
+        "accepted": per_update("accepted"),
+        "kl_batch_exact": per_update("kl_batch_exact"),
+        "kl_probe_ucb": per_update("kl_probe_ucb"),
+        "optimiser_steps": per_update("optimiser_steps"),
+        "heldout_contexts_unseen": per_update("heldout_contexts_unseen"),
+        "reverts": len(read_metrics(Path(tcfg.run_dir), kind="revert")),
         "curve_t1": summary["eval_accuracy"],  # T = 1 return on stage_episodes tasks, before and after each stage
         "train_tokens_monitor": summary["heldout_tokens"],
         # the other two counts (training/token_counts.py), and all three after each stage (the curve's x)

@@ -123,8 +123,11 @@ def test_too_few_groups_with_signal_skip_the_update(tiny_model, tmp_path):
     team = stage_team(cfg, tiny_model)
     batch = team.rollout(0, 0)
     before = team.policies["adder1"].weights()
+    probe_tokens = team.state.probe_tokens
     record = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)).record
     assert record["no_signal"] and not record["accepted"] and record["signal_groups"] < 99
+    # nothing to hold inside a region: no probe episode was sampled for it
+    assert record["probe_messages"] == 0 and team.state.probe_tokens == probe_tokens
     assert all(torch.equal(v, before[k]) for k, v in team.policies["adder1"].weights().items())
 
 

@@ -251,7 +251,6 @@ class LLMStageTeam:
         weights = self.episode_weights(ctx)
         stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
         heldout_kl = OutOfSampleKL.before(self.heldout_episodes(ctx.stage, ctx.index), ctx.role, policy)
-        probe = self.probe_contexts(ctx)
         # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
         rollout_gaps = behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None
 
@@ -266,7 +265,7 @@ class LLMStageTeam:
                 self.cfg.seed, "minibatch", ctx.stage, ctx.index, attempt
             ),
             episode_weights=weights,
-            probe=probe,
+            probe=lambda: self.probe_contexts(ctx),
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
         self.state.betas[ctx.role] = step.region.beta_next
@@ -299,7 +298,7 @@ class LLMStageTeam:
             "signal_groups": step.advantages.signal_groups,
             # check = probe: exact KLs at the kept weights, optimiser steps kept, why the update ended
             **(step.region_check.to_dict() if step.region_check is not None else {}),
-            "probe_messages": len(probe[0]),
+            "probe_messages": step.probe_messages,
             "optimiser_steps": step.optimiser_steps,
             "stop": step.stop,
             # contexts covered: the share of the held-out check's contexts the batch never contained

@@ -74,6 +74,7 @@ class StepResult:
     region_check: RegionCheck | None = None  # check = probe: the exact KLs at the accepted weights
     optimiser_steps: int = 0  # check = probe: optimiser steps kept (the last one possibly shortened)
     stop: str = ""  # check = probe: "epochs" (all ran inside), "boundary" (line search), "non_finite"
+    probe_messages: int = 0  # check = probe: j's messages in the probe's held-out episodes
 
     @property
     def accepted(self) -> bool:
@@ -89,14 +90,15 @@ def teamtr_step(
     *,
     minibatch_seed: Callable[[int], int],
     episode_weights: np.ndarray | None = None,
-    probe: Contexts | None = None,
+    probe: Callable[[], Contexts] | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> StepResult:
     """Update `role` (policy pi_j) on `batch` inside its KL trust region; commit it if accepted.
 
     minibatch_seed(attempt) seeds the minibatch order of each attempt; episode_weights reweight a stale
-    batch towards the current team (importance_weighting schedule); probe: role j's contexts in held-out
-    episodes of the current team, on which check = probe holds the region (none: the batch only)."""
+    batch towards the current team (importance_weighting schedule); probe() draws role j's contexts in
+    held-out episodes of the current team, on which check = probe holds the region (none: the batch only);
+    it is called only when a step is attempted, so an update without signal samples nothing."""
     tr = cfg.trust_region
     # the batch must be samples of pi_T, the policy trained (training/behaviour.py says why not)
     require_on_policy(batch.trajectories, policy.temperature)
@@ -114,17 +116,19 @@ def teamtr_step(
     )
     no_signal = policy.agree(float(too_little)) > 0.5
     probed: tuple[RegionCheck, int, str] | None = None
+    probe_contexts: Contexts = ([], [])
     if no_signal:
         no_attempt = AttemptLog(0.0, beta, 0.0, epochs_run=0, early_stopped=False, inside=True)
         region = TrustRegionOutcome(accepted=False, d_hat=0.0, attempts=[no_attempt], beta_next=beta)
     elif tr.enabled and tr.check == "probe":
         # OPTIMISE + MONITOR (10, 11): the region checked exactly after every step, on the batch's
         # contexts and on held-out ones (the probe); the last iterate is always inside
+        probe_contexts = probe() if probe is not None else ([], [])
         exact = ExactRegion(
             Side(policy.engine, policy.base, policy.adapter),
             policy.temperature,
             (msgs.prompts, msgs.completions),
-            probe or ([], []),
+            probe_contexts,
             tr,
         )
         restore = policy.snapshot()
@@ -172,7 +176,8 @@ def teamtr_step(
     version = policy.commit() if region.accepted else policy.version()
     check, steps, stop = probed if probed is not None else (None, 0, "")
     return StepResult(
-        adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version, no_signal, check, steps, stop
+        adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version, no_signal, check, steps, stop,
+        len(probe_contexts[0]),
     )
 
 
