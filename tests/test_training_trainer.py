@@ -234,6 +234,67 @@ def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
     ]
 
 
+# the same run with stages 2 and 3 judged worse than the best earlier stage beyond noise, so eval.keep_best
+# undoes them (the decision forced: the tiny model's held-out return does not move; what is tested is the
+# resume: stage 3's revert needs the best stage's weights from the checkpoint)
+RUNNER_REVERT = RUNNER.replace(
+    "Trainer(TrainConfig", """
+from unittest import mock
+from teamtr.training.stage_safety import BestStage
+keep_best = Trainer._keep_best
+
+def undo_stages_2_and_3(self, team, stage, result):
+    if stage not in (1, 2):
+        return keep_best(self, team, stage, result)
+    with mock.patch.object(BestStage, "should_revert", lambda best, result: True):
+        return keep_best(self, team, stage, result)
+
+Trainer._keep_best = undo_stages_2_and_3
+Trainer(TrainConfig""",
+)
+
+
+def test_kill_9_after_a_revert_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER_REVERT.format(fixtures=RUNNER_IMPORT))
+    for name in ("reference", "interrupted"):
+        small_config(tiny_model, tmp_path / name, stages=3).to_yaml(tmp_path / f"{name}.yaml")
+    _run_to_completion(script, tmp_path / "reference.yaml")
+
+    # SIGKILL the run as soon as stage 2's revert is logged (before or after its checkpoint), then resume
+    metrics = tmp_path / "interrupted" / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "interrupted.yaml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and '"kind": "revert"' in metrics.read_text():
+            break
+        time.sleep(0.02)
+    killed_mid_run = proc.poll() is None
+    if killed_mid_run:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert killed_mid_run, "the run finished before it could be killed"
+    _run_to_completion(script, tmp_path / "interrupted.yaml")
+
+    ref, resumed = _final_adapters(tmp_path / "reference"), _final_adapters(tmp_path / "interrupted")
+    assert ref.keys() == resumed.keys()
+    for name in ref:
+        for k in ref[name]:
+            assert torch.equal(ref[name][k], resumed[name][k]), f"{name} {k}"
+    # every record but wall times and the instruments that read the engine's sampling-time log-probs (their
+    # last bits depend on which sequences the engine happened to batch together, in any run)
+    timing = ("seconds", "logprob_gap", "logprob_gap_max", "occupancy_divergence")
+    for kind in ("update", "revert", "stage"):
+        records = [
+            [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(tmp_path / run, kind)]
+            for run in ("reference", "interrupted")
+        ]
+        assert records[0] and records[0] == records[1], kind
+    # every role was reverted at stage 2 and again at stage 3, in the resumed process
+    assert sorted(r["stage"] for r in read_metrics(tmp_path / "interrupted", "revert")) == [2, 2, 2, 3, 3, 3]
+
+
 def test_cli_train_prints_one_line_per_update_and_report_writes_pngs(tiny_model, tmp_path):
     from typer.testing import CliRunner
 
