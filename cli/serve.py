@@ -66,6 +66,12 @@ def serve(
         None, help="embedded engine device: auto | cpu | cuda | cuda:K (default auto)"
     ),
     dtype: str = typer.Option(None, help="embedded engine dtype: auto | float32 | bfloat16 | float16"),
+    db: str = typer.Option(
+        None,
+        envvar="TEAMTR_DB",
+        help="postgresql://... : the store several replicas share (conversations, spans, promotions); "
+        "default: SQLite and JSONL files beside the run (one server). docs/scale.md",
+    ),
 ) -> None:
     """Serve a team as an OpenAI-compatible chat API (model = team name)."""
     from teamtr.serving.server import ServeConfig
@@ -79,6 +85,7 @@ def serve(
         "admin_key": admin_key,
         "device": device,
         "dtype": dtype,
+        "db": db,
     }.items():
         if value is not None:
             overrides[key] = value

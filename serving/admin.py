@@ -20,6 +20,7 @@ from teamtr.serving.adapter_paths import AdapterRoots
 from teamtr.serving.auth import KeyCheck
 from teamtr.serving.canary import Candidate
 from teamtr.serving.errors import ERROR_RESPONSES, APIError
+from teamtr.serving.pg_store import is_database_url
 from teamtr.serving.protocol import (
     AdapterListResponse,
     AdapterPushRequest,
@@ -222,7 +223,7 @@ def admin_router(
             raise APIError(409, str(e), code="tokens_not_captured") from None
         return FeedbackTrajectoriesResponse(trajectories=[t.to_dict() for t in found])
 
-    async def flushed_store() -> Path:
+    async def flushed_store() -> str | Path:
         if tracer is None or tracer.store_path is None:
             raise APIError(
                 409,
@@ -230,6 +231,7 @@ def admin_router(
                 code="tracing_disabled",
             )
         await asyncio.to_thread(tracer.flush)  # spans still in the batch processor's queue
-        return Path(tracer.store_path)
+        store = tracer.store_path  # a postgresql:// URL stays a string: Path would fold its "//"
+        return store if is_database_url(store) else Path(store)
 
     return router

@@ -30,7 +30,7 @@ from teamtr.serving.adapter_paths import AdapterRoots
 from teamtr.serving.admin import admin_router
 from teamtr.serving.auth import admin_key_check, api_key_check, key_owner, pages_key_check
 from teamtr.serving.body_limit import BodyLimit
-from teamtr.serving.conversations import Conversations
+from teamtr.serving.conversations import Conversations, ConversationStore
 from teamtr.serving.episodes import ServedEpisodeRunner, ServedTeam, registered_adapters
 from teamtr.serving.errors import ERROR_RESPONSES, install_error_handlers
 from teamtr.serving.health import not_ready_reasons
@@ -69,7 +69,7 @@ def create_app(
     tracer: TeamTracer | None = None,
     settings: ServeSettings | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
-    conversations: Conversations | None = None,
+    conversations: ConversationStore | None = None,
 ) -> FastAPI:
     """The API over already-built teams (all on the engine `registry` manages).
 

@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from teamtr.serving.sqlite_writer import BackgroundWriter
 
-_SCHEMA = """
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY,
     team TEXT NOT NULL,
@@ -80,7 +81,71 @@ def thread_config(thread_id: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
 
-class Conversations:
+class ConversationStore:
+    """What the service and the episode runner need of a conversation store, whatever holds it: this
+    module's SQLite `Conversations` (one server), or serving/pg_conversations.py's PostgreSQL one (several
+    replicas sharing the conversations). A backend gives the checkpointer (`saver`) and the table
+    (`add_episode`, `owner`, `add_seen`, `seen`, `episodes`, `in`); thread copies and eviction of thread
+    state are the same for both, here."""
+
+    capacity: int
+
+    def __init__(self) -> None:
+        self._threads: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def saver(self) -> BaseCheckpointSaver:
+        raise NotImplementedError
+
+    def add_episode(self, conversation_id: str, team: str = "", owner: str | None = None) -> list[str]:
+        raise NotImplementedError
+
+    def owner(self, conversation_id: str) -> str | None:
+        raise NotImplementedError
+
+    async def add_seen(self, conversation_id: str, digests: Sequence[str], start: int | None = None) -> None:
+        raise NotImplementedError
+
+    def seen(self, conversation_id: str) -> list[str]:
+        raise NotImplementedError
+
+    def episodes(self, conversation_id: str) -> int:
+        raise NotImplementedError
+
+    def __contains__(self, conversation_id: object) -> bool:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def fork(self, thread_id: str) -> BaseCheckpointSaver:
+        """An in-memory copy of the thread's latest state: an episode that sees the conversation without
+        adding to it (a request's choices after the first)."""
+        copy = InMemorySaver()
+        found = await (await self.saver()).aget_tuple(thread_config(thread_id))
+        if found is not None:
+            checkpoint = found.checkpoint
+            await copy.aput(
+                thread_config(thread_id), checkpoint, found.metadata, checkpoint["channel_versions"]
+            )
+        return copy
+
+    def thread_lock(self, thread_id: str) -> AbstractAsyncContextManager[Any]:
+        """Held while an episode runs on the thread: requests on one thread take turns (in this
+        process; a shared store's backend makes them take turns across replicas too)."""
+        lock = self._threads.get(thread_id)
+        if lock is None:
+            lock = self._threads[thread_id] = asyncio.Lock()
+        return lock
+
+    async def forget(self, conversation_ids: Sequence[str]) -> None:
+        """Drop evicted conversations' thread state."""
+        if conversation_ids:
+            saver = await self.saver()
+            for conversation_id in conversation_ids:
+                await saver.adelete_thread(conversation_id)
+
+
+class Conversations(ConversationStore):
     """Conversation id -> thread state, episodes and seen messages, for the most recent `capacity` ids
     (the oldest dropped, their checkpoints with them)."""
 
@@ -96,7 +161,7 @@ class Conversations:
             str(self.path) if self.path else ":memory:", check_same_thread=False, timeout=BUSY_TIMEOUT_S
         )
         try:
-            self._db.executescript(_SCHEMA)
+            self._db.executescript(SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
             if "owner" not in columns:  # a store written before conversations had owners: nobody's
                 self._db.execute("ALTER TABLE conversations ADD COLUMN owner TEXT")
@@ -106,7 +171,7 @@ class Conversations:
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None
         self._writer = BackgroundWriter(self._db, self._lock, name="conversations-writer")
         self._saver: BaseCheckpointSaver | None = None
-        self._threads: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        super().__init__()
 
     @staticmethod
     def _check_readable(path: Path) -> None:
@@ -151,32 +216,6 @@ class Conversations:
                 else:
                     await saver.conn.close()
         return self._saver
-
-    async def fork(self, thread_id: str) -> BaseCheckpointSaver:
-        """An in-memory copy of the thread's latest state: an episode that sees the conversation without
-        adding to it (a request's choices after the first)."""
-        copy = InMemorySaver()
-        found = await (await self.saver()).aget_tuple(thread_config(thread_id))
-        if found is not None:
-            checkpoint = found.checkpoint
-            await copy.aput(
-                thread_config(thread_id), checkpoint, found.metadata, checkpoint["channel_versions"]
-            )
-        return copy
-
-    def thread_lock(self, thread_id: str) -> asyncio.Lock:
-        """Held while an episode runs on the thread: requests on one thread take turns."""
-        lock = self._threads.get(thread_id)
-        if lock is None:
-            lock = self._threads[thread_id] = asyncio.Lock()
-        return lock
-
-    async def forget(self, conversation_ids: Sequence[str]) -> None:
-        """Drop evicted conversations' thread state."""
-        if conversation_ids:
-            saver = await self.saver()
-            for conversation_id in conversation_ids:
-                await saver.adelete_thread(conversation_id)
 
     # ---- the table ------------------------------------------------------------------------------------
 

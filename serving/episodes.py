@@ -38,7 +38,7 @@ from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_re
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
-from teamtr.serving.conversations import Conversations, thread_config
+from teamtr.serving.conversations import ConversationStore, thread_config
 from teamtr.serving.exploration import EXPLORATION_KEY
 from teamtr.serving.protocol import TurnInfo
 from teamtr.serving.registry import AdapterRegistry, AdapterVersion, Pins
@@ -166,7 +166,7 @@ class ServedEpisodeRunner:
         self,
         registry: AdapterRegistry,
         tracer: TeamTracer | None,
-        conversations: Conversations,
+        conversations: ConversationStore,
         on_trajectory: Callable[[Trajectory], None] | None = None,
     ) -> None:
         self.registry, self.tracer, self.conversations = registry, tracer, conversations

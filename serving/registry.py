@@ -50,7 +50,8 @@ from teamtr.serving.adapter_checks import (
     inspect_adapter,
 )
 from teamtr.serving.canary import Candidate
-from teamtr.serving.promotion_log import History, PromotionLog
+from teamtr.serving.pg_store import shared_admin_lock
+from teamtr.serving.promotion_log import History, PromotionLog, replay
 
 
 @dataclass
@@ -108,6 +109,9 @@ class AdapterRegistry:
         self.improve_reports: dict[str, Any] = {}  # team -> the last ImproveReport a `--watch` sent
         self.promotions: list[dict[str, int]] = []  # candidate teams promoted (not undone), oldest first
         self.teams: list[dict[str, int]] = []  # every promoted team (adapter -> version), oldest first
+        # a shared log (several replicas): the newest event applied here; `follow` applies the rest
+        self._applied = 0
+        self._following = asyncio.Lock()
 
     # --- reading -------------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -177,7 +181,7 @@ class AdapterRegistry:
     async def _push(
         self, adapter: str, path: Path, version: int | None, base: str, lineage: dict[str, Any]
     ) -> AdapterVersion:
-        async with self._admin:
+        async with self._admin_step():
             if self.candidate is not None and adapter in self.candidate.versions:
                 raise AdapterError(
                     f"adapter {adapter!r} has a candidate version under canary; promote or abandon it first"
@@ -206,7 +210,7 @@ class AdapterRegistry:
 
     async def rollback(self, adapter: str) -> AdapterVersion:
         """Retire the current version; the previously promoted one serves new episodes again."""
-        async with self._admin:
+        async with self._admin_step():
             slot = self._slot(adapter)
             if self.candidate is not None and adapter in self.candidate.versions:
                 raise AdapterError(f"adapter {adapter!r} has a candidate under canary; abandon it first")
@@ -235,7 +239,7 @@ class AdapterRegistry:
         version)); none becomes current and no episode pins them until `set_canary_share`. All or
         nothing: one refused version unloads the others. `shadow`: every canary episode is answered
         again by the incumbent (`hold_shadow`)."""
-        async with self._admin:
+        async with self._admin_step():
             if self.candidate is not None:
                 raise AdapterError("a candidate is loaded already; promote or abandon it first")
             if not versions:
@@ -268,6 +272,7 @@ class AdapterRegistry:
                 versions=self.candidate.versions,
                 incumbent=self.candidate.incumbent,
                 lineage=self.candidate.lineage,
+                shadow=shadow,
             )
             return self.candidate
 
@@ -280,12 +285,14 @@ class AdapterRegistry:
             self.candidate.set_share(share)
         except ValueError as e:
             raise AdapterError(str(e)) from None
+        if self.log is not None and self.log.shared:  # the other replicas draw at this share too
+            self._record("share", share=share)
         return self.candidate
 
     async def promote_candidate(self) -> dict[str, int]:
         """Make every candidate version current at once: the assignments run with no await between
         them, so no episode pins the new version of one adapter with the old version of another."""
-        async with self._admin:
+        async with self._admin_step():
             candidate = self._require_candidate()
             previous = [self._slots[a].current for a in candidate.versions]
             self._record_change("promoted", candidate.versions, versions=candidate.versions)
@@ -305,7 +312,7 @@ class AdapterRegistry:
     async def rollback_promotion(self) -> dict[str, int]:
         """Undo the last candidate promotion for all its roles in one step: each goes back to the version
         it had before (reloaded first where it was unloaded). Refused when a role moved on since."""
-        async with self._admin:
+        async with self._admin_step():
             if not self.promotions:
                 raise AdapterError("no promoted candidate to roll back")
             last = self.promotions[-1]
@@ -336,7 +343,7 @@ class AdapterRegistry:
         """Drop the candidate: new episodes pin the incumbent only; its versions unload once the canary
         episodes that pinned them end. `rolled_back`: its canary decided against it (listed as rolled
         back, not abandoned). Returns the versions dropped."""
-        async with self._admin:
+        async with self._admin_step():
             candidate = self._require_candidate()
             event = "candidate_rolled_back" if rolled_back else "abandoned"
             self._record(event, versions=candidate.versions, reason=reason)
@@ -352,7 +359,7 @@ class AdapterRegistry:
     async def restore_team(self, index: int) -> dict[str, int]:
         """Serve the promoted team `self.teams[index]` again, every adapter in one step (versions reloaded
         first where unloaded); the versions it replaces are listed as rolled back."""
-        async with self._admin:
+        async with self._admin_step():
             if self.candidate is not None:
                 raise AdapterError("a candidate is loaded; promote or abandon it first")
             if not 0 <= index < len(self.teams):
@@ -385,17 +392,7 @@ class AdapterRegistry:
         on: every logged version is known again with its state and lineage, the last promoted team serves
         (its versions validated and loaded first), a candidate the server died with is abandoned."""
         history = log.history()
-        for adapter, records in history.versions.items():
-            slot = self._slots.get(adapter)
-            if slot is None:  # an adapter this server no longer serves
-                continue
-            for version, rec in records.items():
-                entry = slot.versions.get(version)
-                if entry is None:
-                    entry = slot.versions[version] = AdapterVersion(
-                        adapter, version, Path(rec.path), rec.base, live=False, lineage=rec.lineage
-                    )
-                entry.lineage, entry.status = rec.lineage or entry.lineage, rec.status
+        self._know_versions(history)
         self.log = log
         for slot in self._slots.values():  # the run's versions, so a later start knows them
             for entry in slot.versions.values():
@@ -425,6 +422,105 @@ class AdapterRegistry:
         self._record("started", stacks=self._stacks(), current=self.current_versions())
         self._note_team()
         return history
+
+    async def _join(self, log: PromotionLog) -> History:
+        """Start on a shared log: apply it (under the replicas' admin lock), then record the run's versions
+        it lacks and this start."""
+        self.log = log
+        async with self._admin_step():
+            seq, records = await asyncio.to_thread(log.records)  # type: ignore[attr-defined]
+            history = replay(records)
+            for slot in self._slots.values():
+                for entry in slot.versions.values():
+                    if history.version(entry.adapter, entry.version) is None:
+                        self._register(entry)
+            self._record("started", stacks=self._stacks(), current=self.current_versions())
+            self._note_team()
+        return history
+
+    # --- several replicas: one shared log ----------------------------------------------------------
+    @asynccontextmanager
+    async def _admin_step(self) -> AsyncIterator[None]:
+        """One change at a time: in this process (the admin lock) and, with a shared log, across replicas
+        (its advisory lock), on the state every replica's changes so far left (`follow` first)."""
+        async with self._admin:
+            log = self.log
+            if log is None or not log.shared:
+                yield
+                return
+            async with shared_admin_lock(log.store), self._following:  # type: ignore[attr-defined]
+                await self._follow_locked()
+                yield
+
+    async def follow(self) -> None:
+        """Apply what other replicas changed in the shared log since this one last looked (one query when
+        nothing changed; nothing at all without a shared log)."""
+        log = self.log
+        if log is None or not log.shared:
+            return
+        if await asyncio.to_thread(log.head) <= self._applied:  # type: ignore[attr-defined]
+            return
+        async with self._following:
+            await self._follow_locked()
+
+    async def _follow_locked(self) -> None:
+        seq, records = await asyncio.to_thread(self.log.records)  # type: ignore[union-attr]
+        if seq > self._applied:
+            await self._apply(replay(records))
+            self._applied = seq
+
+    async def _apply(self, history: History) -> None:
+        """Make this registry what the shared log says: every version known, the candidate and its share,
+        the promoted stacks. Versions are loaded first; the switch itself has no await, so an episode pins
+        the state before or after it, never a mix."""
+        self._know_versions(history)
+        stacks: dict[str, list[int]] = {}
+        for adapter, stack in (history.stacks or {}).items():
+            slot = self._slots.get(adapter)
+            stack = [v for v in stack if slot is not None and v in slot.versions]
+            if slot is not None and stack and stack != slot.promoted:
+                await self._make_live(slot.versions[stack[-1]])
+                stacks[adapter] = stack
+        pending = {a: v for a, v in (history.pending or {}).items() if a in self._slots}
+        candidate = self.candidate
+        if pending and (candidate is None or candidate.versions != pending):
+            for adapter, version in pending.items():
+                await self._make_live(self._slots[adapter].versions[version])
+            record = history.pending_record or {}
+            candidate = Candidate(
+                versions=pending,
+                incumbent={a: int(v) for a, v in (record.get("incumbent") or {}).items()},
+                lineage=dict(record.get("lineage") or {}),
+                shadow=bool(record.get("shadow", False)),
+            )
+        elif not pending:
+            candidate = None
+        # the switch: one event-loop step
+        retired = [self._slots[a].current for a in stacks if self._slots[a].promoted]
+        if self.candidate is not None and candidate is not self.candidate:
+            retired += [self._slots[a].versions[v] for a, v in self.candidate.versions.items()]
+        for adapter, stack in stacks.items():
+            self._slots[adapter].promoted = stack
+        self.candidate = candidate
+        if candidate is not None and candidate.share != history.share:
+            candidate.set_share(history.share)
+        self.promotions, self.teams = list(history.promotions), list(history.teams)
+        for v in retired:
+            await self._unload_if_idle(v)
+
+    def _know_versions(self, history: History) -> None:
+        """Every version the log names, with its state and lineage (unloaded until it serves)."""
+        for adapter, records in history.versions.items():
+            slot = self._slots.get(adapter)
+            if slot is None:  # an adapter this server no longer serves
+                continue
+            for version, rec in records.items():
+                entry = slot.versions.get(version)
+                if entry is None:
+                    entry = slot.versions[version] = AdapterVersion(
+                        adapter, version, Path(rec.path), rec.base, live=False, lineage=rec.lineage
+                    )
+                entry.lineage, entry.status = rec.lineage or entry.lineage, rec.status
 
     async def _forget_pending(self, versions: dict[str, int]) -> None:
         self._record("abandoned", versions=versions, reason="the server restarted during its canary")
@@ -500,6 +596,7 @@ class AdapterRegistry:
     @asynccontextmanager
     async def pin(self, adapters: list[str] | None = None) -> AsyncIterator[Pins]:
         """The current version of each adapter, held until the episode ends."""
+        await self.follow()  # a change made through another replica serves from this episode on
         names = self.adapters() if adapters is None else adapters
         # no await between the draw and the reads: one snapshot, all-candidate or all-incumbent
         canary = self.candidate is not None and any(n in self.candidate.versions for n in names)

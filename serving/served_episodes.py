@@ -1,6 +1,7 @@
-"""Served episodes read back from the SQLite span store (serving/trace_store.py): what `teamtr improve`
-(training/improve/) takes as its task distribution and canary evidence, through `GET /admin/episodes`
-(serving/admin.py) or straight from a serve directory's traces.db.
+"""Served episodes read back from the span store (serving/trace_store.py: a SQLite file, or the replicas'
+shared PostgreSQL store): what `teamtr improve` (training/improve/) takes as its task distribution and
+canary evidence, through `GET /admin/episodes` (serving/admin.py), straight from a serve directory's
+traces.db, or from the postgresql:// URL every replica writes to.
 
 One record per finished episode span: team, prompt, final answer, the adapter version each role ran on
 (which tells a canary episode from an incumbent one) and the conversation's latest feedback reward.
@@ -11,10 +12,10 @@ left out unless asked for: they are no traffic of their own.
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 from teamtr.graphs.trajectory import Trajectory
+from teamtr.serving.pg_store import is_database_url
 from teamtr.serving.protocol import ServedEpisode
 from teamtr.serving.trace_store import StoredSpan, read_spans
 from teamtr.serving.tracing import (
@@ -35,6 +36,11 @@ from teamtr.serving.tracing import (
 )
 
 
+def store_exists(store: str | Path) -> bool:
+    """A SQLite span store's file exists, or the store is the shared database (its table always does)."""
+    return is_database_url(store) or Path(store).is_file()
+
+
 def served_episodes(
     store: str | Path,
     *,
@@ -47,27 +53,16 @@ def served_episodes(
     `shadows`: with the canary's shadow episodes."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
-    if not Path(store).is_file():
+    if not store_exists(store):
         return []
-    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        rows = db.execute(
-            "SELECT start_ns, end_ns, status, attributes FROM spans WHERE operation = ? AND start_ns >= ? "
-            "ORDER BY start_ns, span_id",
-            (OP_AGENT, since_ns),
-        ).fetchall()
-        rewards: dict[str, float] = {}
-        for (attributes,) in db.execute(
-            "SELECT attributes FROM spans WHERE operation = ? ORDER BY start_ns, span_id", (OP_FEEDBACK,)
-        ):
-            a = json.loads(attributes)
-            rewards[a[CONVERSATION_ID]] = float(a[REWARD])
-    finally:
-        db.close()
+    rows = list(read_spans(store, OP_AGENT, since_ns))
+    rewards: dict[str, float] = {}
+    for feedback in read_spans(store, OP_FEEDBACK):
+        rewards[feedback.attributes[CONVERSATION_ID]] = float(feedback.attributes[REWARD])
     out = []
-    for start_ns, end_ns, status, attributes in rows:
-        a = json.loads(attributes)
-        if status == "ERROR" or TASK_ID not in a or (team is not None and a.get(AGENT_NAME) != team):
+    for span in rows:
+        a, start_ns, end_ns = span.attributes, span.start_ns, span.end_ns
+        if span.status == "ERROR" or TASK_ID not in a or (team is not None and a.get(AGENT_NAME) != team):
             continue
         if a.get(SHADOW, False) and not shadows:
             continue
@@ -99,7 +94,7 @@ def feedback_trajectories(
     `teamtr improve` trains on without a verifier: training/improve/feedback.py); oldest first, the newest
     `limit` of them. A turn span without token ids (served with capture_tokens off) is an error
     (serving/tracing.py MissingTokensError)."""
-    if not Path(store).is_file():
+    if not store_exists(store):
         return []
 
     def wanted(span: StoredSpan) -> bool:

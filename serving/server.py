@@ -38,10 +38,12 @@ from teamtr.graphs.spec import SpecError, TeamConfig, build_team, roles_from_fac
 from teamtr.graphs.team import Team
 from teamtr.graphs.user_graph import RoleGraphTeam
 from teamtr.serving.app import ServedTeam, ServeSettings, TeamPolicy, create_app
-from teamtr.serving.conversations import Conversations
+from teamtr.serving.conversations import Conversations, ConversationStore
 from teamtr.serving.engines.models import local_or_reference, resolve_model
 from teamtr.serving.engines.open import EngineSpec, VLLMSettings, open_engine
-from teamtr.serving.promotion_log import PROMOTION_LOG, PromotionLog
+from teamtr.serving.pg_conversations import PgConversations
+from teamtr.serving.pg_store import PgStore, is_database_url
+from teamtr.serving.promotion_log import PROMOTION_LOG, PromotionLog, SharedPromotionLog
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.settings import ApiLimits
 from teamtr.serving.tracing import TeamTracer, TracingConfig, build_tracer_provider
@@ -114,11 +116,21 @@ class ServeConfig(VLLMSettings, ApiLimits):
     # a restarted server serves the last promoted team; None: in memory. `from_run_dir` defaults it to
     # RUN/promotions.jsonl (not with an explicit stage: that serves the stage asked for)
     promotion_log: str | None = None
+    # several replicas: a postgresql:// URL of their shared store (serving/pg_store.py) holding the
+    # conversations, threads, spans and promotion log instead of conversations_path, tracing.sqlite_path
+    # and promotion_log; None: those local files (one server)
+    db: str | None = None
     base_dir: str = "."  # relative paths resolve here (a run directory, or the config file's folder)
     # production: the chat API needs a key (api_keys required), /docs, /openapi.json, /health and /metrics
     # too, and pushed adapters must lie under adapter_roots (default: base_dir); docs/serving.md
     preset: Literal["development", "production"] = "development"
     adapter_roots: list[str] | None = None  # pushed adapter paths must be under one; None: anywhere
+
+    @model_validator(mode="after")
+    def _db_is_a_database_url(self) -> ServeConfig:
+        if self.db is not None and not is_database_url(self.db):
+            raise ValueError(f"db must be a postgresql:// URL (the replicas' shared store), got {self.db!r}")
+        return self
 
     @model_validator(mode="after")
     def _production_needs_keys(self) -> ServeConfig:
@@ -259,8 +271,9 @@ class Server:
     tracer: TeamTracer | None
     teams: dict[str, ServedTeam]
     vllm_servers: list[Any] = field(default_factory=list)  # launched by this server, stopped with it
-    conversations: Conversations | None = None
+    conversations: ConversationStore | None = None
     base_models: dict[str, str] = field(default_factory=dict)  # base name -> the model it serves
+    store: PgStore | None = None  # the replicas' shared store (`db`), closed last
 
     async def aclose(self) -> None:
         await self.registry.close()  # a shared vLLM server must not keep this server's adapters
@@ -272,6 +285,8 @@ class Server:
             server.stop()
         if self.conversations is not None:
             await self.conversations.aclose()
+        if self.store is not None:
+            self.store.close()
 
 
 def served_bases(config: ServeConfig, model: Path) -> dict[str, str]:
@@ -300,11 +315,17 @@ def engine_spec(config: ServeConfig, bases: dict[str, str], runs: list[RunFiles]
 
 async def build_server(config: ServeConfig, engine: Any | None = None, on_trajectory: Any = None) -> Server:
     """Engine, registry with each role's newest adapter version live, teams, tracer, app."""
-    # first: a corrupt conversation store stops the server before anything is loaded (and stays as it is)
-    conversations = Conversations(
-        ServeSettings.model_fields["max_conversations"].default,
-        config.path(config.conversations_path) if config.conversations_path else None,
-    )
+    # first: a corrupt conversation store, or a shared one out of reach, stops the server before anything
+    # is loaded (and stays as it is)
+    capacity = ServeSettings.model_fields["max_conversations"].default
+    store = PgStore(config.db) if config.db is not None else None
+    conversations: ConversationStore
+    if store is not None:
+        conversations = PgConversations(capacity, store)
+    else:
+        conversations = Conversations(
+            capacity, config.path(config.conversations_path) if config.conversations_path else None
+        )
     model = model_dir(config)
     bases = served_bases(config, model)
     runs = {name: open_run(config.path(spec.run_dir)) for name, spec in config.teams.items() if spec.run_dir}
@@ -337,18 +358,23 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
                 await registry.push(role.adapter, path, version, base=role.base_model)
         team = served_team(name, spec, run, roles, engine)
         teams[name] = ServedTeam(team, {r.name: r.adapter for r in roles if r.adapter is not None})
-    if config.promotion_log is not None:  # the last promoted team serves again, with its history
+    if store is not None:  # the replicas' log: what they promoted serves here too, from now on
+        await registry.attach_log(SharedPromotionLog(store))
+    elif config.promotion_log is not None:  # the last promoted team serves again, with its history
         await registry.attach_log(PromotionLog(config.path(config.promotion_log)))
     tracer = None
     t = config.tracing
     if t.sqlite_path is not None or t.otlp_endpoint:
         tracing = TracingConfig(
             sqlite_path=config.path(t.sqlite_path) if t.sqlite_path else None,
+            shared_store=store if t.sqlite_path is not None else None,
             otlp_endpoint=t.otlp_endpoint,
             capture_tokens=t.capture_tokens,
         )
         tracer = TeamTracer(
-            build_tracer_provider(tracing), capture_tokens=t.capture_tokens, store_path=tracing.sqlite_path
+            build_tracer_provider(tracing),
+            capture_tokens=t.capture_tokens,
+            store_path=config.db if tracing.shared_store is not None else tracing.sqlite_path,
         )
     settings = ServeSettings(
         **config.model_dump(include=set(ApiLimits.model_fields)),
@@ -370,4 +396,4 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
     app = create_app(
         teams, registry, tracer, settings, on_trajectory=on_trajectory, conversations=conversations
     )
-    return Server(app, engine, registry, tracer, teams, vllm_servers, conversations, bases)
+    return Server(app, engine, registry, tracer, teams, vllm_servers, conversations, bases, store)

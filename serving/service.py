@@ -35,7 +35,7 @@ from teamtr.graphs.capture import describe_error
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.serving.chat_messages import chat_messages, digests, known_in_thread, task_text, usage_of
-from teamtr.serving.conversations import Conversations, message_digest
+from teamtr.serving.conversations import ConversationStore, message_digest
 from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
 from teamtr.serving.errors import APIError, log
 from teamtr.serving.exploration import ExplorationDraw
@@ -115,7 +115,7 @@ class ChatCompletionService:
         tracer: TeamTracer | None,
         settings: ServeSettings,
         runner: ServedEpisodeRunner,
-        conversations: Conversations,
+        conversations: ConversationStore,
     ) -> None:
         self.teams, self.registry, self.tracer, self.settings = teams, registry, tracer, settings
         self.runner, self.conversations = runner, conversations

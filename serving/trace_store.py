@@ -1,6 +1,8 @@
-"""A local SQLite span store: an OpenTelemetry `SpanExporter` that needs no collector.
+"""The span store: an OpenTelemetry `SpanExporter` that needs no collector, in a local SQLite file or, for
+several replicas, in the shared PostgreSQL store (serving/pg_store.py, same table and columns).
 
-One row per finished span, attributes as JSON. `teamtr traces to-trajectories` reads it back.
+One row per finished span, attributes as JSON. `teamtr traces`, `teamtr improve` and GET /admin/episodes
+read it back (`read_spans`), given a file path or a postgresql:// URL.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,9 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-_SCHEMA = """
+from teamtr.serving.pg_store import PgStore, is_database_url, redacted
+
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS spans (
     trace_id TEXT NOT NULL,
     span_id TEXT NOT NULL,
@@ -53,6 +58,25 @@ def _attributes_to_json(attributes: Any) -> str:
     return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in (attributes or {}).items()})
 
 
+def _row(s: ReadableSpan) -> tuple[Any, ...]:
+    """A finished span as a row of the `spans` table (both stores)."""
+    ctx = s.get_span_context()
+    attrs = dict(s.attributes or {})
+    return (
+        format(ctx.trace_id, "032x"),
+        format(ctx.span_id, "016x"),
+        format(s.parent.span_id, "016x") if s.parent else None,
+        s.name,
+        s.start_time or 0,
+        s.end_time or 0,
+        s.status.status_code.name,
+        attrs.get("gen_ai.conversation.id"),
+        attrs.get("gen_ai.operation.name"),
+        _attributes_to_json(attrs),
+        _attributes_to_json(s.resource.attributes if s.resource else {}),
+    )
+
+
 class SQLiteSpanExporter(SpanExporter):
     """Writes finished spans to a SQLite file; safe to call from the batch processor's thread."""
 
@@ -65,29 +89,11 @@ class SQLiteSpanExporter(SpanExporter):
         # a commit is in the WAL file before export returns: a killed process loses nothing committed
         # (NORMAL skips the fsync per commit, so only an OS crash could lose the last commits)
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(SCHEMA)
         self._closed = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        rows = []
-        for s in spans:
-            ctx = s.get_span_context()
-            attrs = dict(s.attributes or {})
-            rows.append(
-                (
-                    format(ctx.trace_id, "032x"),
-                    format(ctx.span_id, "016x"),
-                    format(s.parent.span_id, "016x") if s.parent else None,
-                    s.name,
-                    s.start_time or 0,
-                    s.end_time or 0,
-                    s.status.status_code.name,
-                    attrs.get("gen_ai.conversation.id"),
-                    attrs.get("gen_ai.operation.name"),
-                    _attributes_to_json(attrs),
-                    _attributes_to_json(s.resource.attributes if s.resource else {}),
-                )
-            )
+        rows = [_row(s) for s in spans]
         with self._lock:
             if self._closed:
                 return SpanExportResult.FAILURE
@@ -105,21 +111,69 @@ class SQLiteSpanExporter(SpanExporter):
         return True
 
 
-def read_spans(path: str | Path, operation: str | None = None) -> Iterator[StoredSpan]:
-    """Spans of a store in start order, optionally only those of one `gen_ai.operation.name`."""
+class PostgresSpanExporter(SpanExporter):
+    """Writes finished spans to the shared store's `spans` table: every replica's spans in one place, so
+    `teamtr improve` and `teamtr traces` read all the traffic. Committed before export returns."""
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+        self._closed = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._closed:
+            return SpanExportResult.FAILURE
+        rows = [_row(s) for s in spans]
+        with self.store.connection() as conn, conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO spans VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT (trace_id, span_id) DO NOTHING",
+                rows,
+            )
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._closed = True  # the store's pool belongs to the server, which closes it
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+_COLUMNS = "trace_id, span_id, parent_span_id, name, start_ns, end_ns, status, attributes"
+
+
+def read_spans(
+    path: str | Path, operation: str | None = None, since_ns: int = 0
+) -> Iterator[StoredSpan]:
+    """Spans of a store (a SQLite file, or a postgresql:// URL) in start order, optionally only those of
+    one `gen_ai.operation.name`, started at or after `since_ns`."""
+    with _open_store(path) as (db, mark):
+        query = f"SELECT {_COLUMNS} FROM spans WHERE start_ns >= {mark}"
+        args: tuple = (since_ns,)
+        if operation is not None:
+            query += f" AND operation = {mark}"
+            args += (operation,)
+        for row in db.execute(query + " ORDER BY start_ns, span_id", args):
+            *head, attributes = row
+            yield StoredSpan(*head, attributes=json.loads(attributes))
+
+
+@contextmanager
+def _open_store(path: str | Path) -> Iterator[tuple[Any, str]]:
+    """A read connection to the store, and its parameter mark (SQLite `?`, PostgreSQL `%s`)."""
+    if is_database_url(path):
+        import psycopg
+
+        try:
+            conn = psycopg.connect(str(path), autocommit=True)
+        except psycopg.OperationalError as e:
+            raise FileNotFoundError(f"no span store at {redacted(str(path))}: {e}") from None
+        with conn:
+            yield conn, "%s"
+        return
     if not Path(path).is_file():
         raise FileNotFoundError(f"no span store at {path}")
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        query = (
-            "SELECT trace_id, span_id, parent_span_id, name, start_ns, end_ns, status, attributes FROM spans"
-        )
-        args: tuple = ()
-        if operation is not None:
-            query += " WHERE operation = ?"
-            args = (operation,)
-        for row in db.execute(query + " ORDER BY start_ns, span_id", args):
-            *head, attributes = row
-            yield StoredSpan(*head, attributes=json.loads(attributes))
+        yield db, "?"
     finally:
         db.close()

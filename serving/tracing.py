@@ -32,7 +32,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from teamtr.graphs.capture import describe_error
 from teamtr.graphs.trajectory import Trajectory, Turn, prompt_group
 from teamtr.serving.exploration import EXPLORATION_KEY
-from teamtr.serving.trace_store import SQLiteSpanExporter, StoredSpan, read_spans
+from teamtr.serving.pg_store import PgStore
+from teamtr.serving.trace_store import PostgresSpanExporter, SQLiteSpanExporter, StoredSpan, read_spans
 
 # GenAI semantic conventions (opentelemetry.io/docs/specs/semconv/gen-ai/)
 OPERATION = "gen_ai.operation.name"
@@ -83,6 +84,7 @@ class TracingConfig:
     """Where spans go. Defaults: the SQLite store only, token ids and log-probs captured."""
 
     sqlite_path: str | Path | None = "traces.db"  # None: no local store
+    shared_store: PgStore | None = None  # the replicas' PostgreSQL store (serving/pg_store.py), instead
     otlp_endpoint: str | None = None  # e.g. http://127.0.0.1:6006/v1/traces
     otlp_headers: dict[str, str] | None = None
     capture_tokens: bool = True  # token ids + log-probs on turn spans (needed by to-trajectories)
@@ -92,7 +94,9 @@ class TracingConfig:
 def build_tracer_provider(config: TracingConfig) -> TracerProvider:
     """A provider of its own (not the process-global one), so several servers / tests can coexist."""
     provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
-    if config.sqlite_path is not None:
+    if config.shared_store is not None:
+        provider.add_span_processor(SimpleSpanProcessor(PostgresSpanExporter(config.shared_store)))
+    elif config.sqlite_path is not None:
         provider.add_span_processor(SimpleSpanProcessor(SQLiteSpanExporter(config.sqlite_path)))
     if config.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -110,7 +114,8 @@ class TeamTracer:
     ) -> None:
         self.provider = provider
         self.capture_tokens = capture_tokens
-        self.store_path = store_path  # the SQLite span store, if any (GET /admin/episodes reads it)
+        # the span store, if any (GET /admin/episodes reads it): a SQLite file or a postgresql:// URL
+        self.store_path = store_path
         self._tracer = provider.get_tracer("teamtr.serving")
 
     @contextmanager

