@@ -59,7 +59,7 @@ def improve(
     ),
     kl_limit: float = typer.Option(None, help="gate: per-role KL to the incumbent (default delta x stages)"),
     canary_share: float = typer.Option(0.5, help="share of new episodes the candidate serves"),
-    canary_episodes: int = typer.Option(400, help="canary: the cap; not shown better by then: roll back"),
+    canary_episodes: int = typer.Option(1000, help="canary: the cap, in pairs; not shown better by then: roll back"),
     canary_min_episodes: int = typer.Option(0, help="canary: episodes before its first look"),
     canary_confidence: float = typer.Option(0.95, help="canary: two-sided confidence of its sequential test"),
     canary_non_inferiority: float = typer.Option(

@@ -42,7 +42,9 @@ SHADOW_LOST = 16  # a shadow this many later shadows overtook is taken as failed
 @dataclass
 class CanaryConfig:
     share: float = 0.5  # of new episodes sent to the candidate
-    max_episodes: int = 400  # the cap, in pairs: not shown better by then: roll back
+    # the cap, in pairs: not shown better by then: roll back (1000: +0.1 promoted 95% of the time within it,
+    # docs/improve.md's power table; 400 rolled back about 45% of true +0.1 candidates)
+    max_episodes: int = 1000
     min_episodes: int = 0  # look only from this many canary episodes on (the tests are valid either way)
     confidence: float = 0.95  # two-sided; each wrong early stop has probability <= 2.5%
     non_inferiority: float | None = None  # a margin: promote when not worse by more (explicit only)
