@@ -94,6 +94,37 @@ def group_normalised_advantages(
     )
 
 
+def prefix_advantages(
+    rewards: Sequence[float],
+    baselines: Sequence[float],
+    groups: Sequence[str],
+    *,
+    adv_clip: float = 3.0,
+    clip: bool = True,
+) -> Advantages:
+    """loss.credit = prefix: A_n = clip(R_n - b_n, -A_clip, +A_clip), where b_n is the mean return of
+    continuations of the current team from episode n's prefix before role j's first turn (NaN: j did not
+    speak in episode n; its A is 0 and it carries no message). b_n is drawn independently of R_n from the
+    same prefix, so A_n is unbiased for j's own contribution and holds nothing of what the turns before j
+    did: no in-group term (zeta_norm 0). signal_groups counts prompt groups with a nonzero A."""
+    r = np.asarray(rewards, dtype=np.float64)
+    b = np.asarray(baselines, dtype=np.float64)
+    if r.shape != b.shape or r.ndim != 1 or len(r) != len(groups):
+        raise ValueError("rewards, baselines and groups must be 1-D and of equal length")
+    spoke = ~np.isnan(b)
+    unclipped = np.where(spoke, r - np.where(spoke, b, 0.0), 0.0)
+    values = np.clip(unclipped, -adv_clip, adv_clip) if clip else unclipped.copy()
+    return Advantages(
+        values=values,
+        unclipped=unclipped,
+        keep=np.ones(len(r), dtype=bool),
+        zeta_clip=float(np.mean(np.abs(unclipped - values))) if len(r) else 0.0,
+        zeta_norm=0.0,
+        a_max=adv_clip if clip else float(np.max(np.abs(unclipped), initial=0.0)),
+        signal_groups=len({g for g, a in zip(groups, values, strict=True) if a != 0}),
+    )
+
+
 def batch_normalised_advantages(
     rewards: Sequence[float], *, adv_clip: float = 3.0, eps: float = 1e-6
 ) -> Advantages:
@@ -101,9 +132,13 @@ def batch_normalised_advantages(
     return group_normalised_advantages(rewards, ["batch"] * len(rewards), adv_clip=adv_clip, eps=eps)
 
 
-def advantages_for(rewards: Sequence[float], groups: Sequence[str], loss: LossConfig) -> Advantages:
+def advantages_for(
+    rewards: Sequence[float], groups: Sequence[str], loss: LossConfig, baselines: Sequence[float] | None = None
+) -> Advantages:
     """The advantage estimator `loss.kind` uses: one group per prompt, or (ppo_batch_baseline) the whole
-    batch."""
+    batch; with `baselines` (loss.credit = prefix) each episode's own prefix baseline."""
+    if baselines is not None:
+        return prefix_advantages(rewards, baselines, groups, adv_clip=loss.adv_clip, clip=loss.clip_advantages)
     if loss.kind == "ppo_batch_baseline":  # no groups, no value function: the batch mean is the baseline
         return batch_normalised_advantages(rewards, adv_clip=loss.adv_clip, eps=loss.adv_eps)
     return group_normalised_advantages(

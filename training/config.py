@@ -67,6 +67,13 @@ class LossConfig(_Strict):
     # 2 or more keeps one discordant episode in a batch from moving a role on its own
     min_signal_groups: int = Field(1, ge=1)
     clip_advantages: bool = True  # False: ablation "no advantage clip" (A_max is then the observed max)
+    # per-role credit: "episode" gives every message of role j its episode's advantage against the prompt
+    # group (`advantage`), so a role is blamed for what earlier roles did; "prefix" measures it against the
+    # mean return of `credit_samples` continuations of the current team from the episode's prefix before
+    # j's first turn (training/advantages.py `prefix_advantages`): only what followed j's own prefix
+    # counts. Costs credit_samples partial episodes per episode; needs a Team that restarts from a prefix
+    credit: Literal["episode", "prefix"] = "episode"
+    credit_samples: int = Field(4, ge=1)
     # drop groups with zero reward spread and refill the batch with further groups of the same team
     # (training/llm_team.py); None = (kind == dapo)
     dynamic_sampling: bool | None = None
@@ -98,6 +105,11 @@ class LossConfig(_Strict):
             self.dynamic_sampling = self.kind == "dapo"
         if derived:  # (assignments above validate again, with nothing left None: keep the first set)
             self._derived = frozenset(derived)
+        if self.credit == "prefix" and (self.dynamic_sampling or self.kind == "ppo_batch_baseline"):
+            raise ValueError(
+                "loss.credit 'prefix' replaces the group baseline: it cannot be combined with dynamic "
+                "sampling (dapo) or the batch baseline (ppo_batch_baseline)"
+            )
         return self
 
     @property

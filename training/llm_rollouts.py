@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from teamtr.graphs.capture import EpisodeError, describe_error
 from teamtr.graphs.role_models import UnknownRoleError
 from teamtr.graphs.run_layout import RunDirError, adapter_dir
@@ -146,11 +148,7 @@ class TeamSampler:
             )
             return self.rollout(stage, index, trains=True)
         self.sync_rollout_adapters()
-        prompts = {p.id: p for p in self.stage_prompts(stage)}
-        if self.cfg.loss.dynamic_sampling:  # the batch may hold refill prompts' groups
-            n = len(prompts)
-            for r in range(1, REFILL_ROUNDS + 1):
-                prompts.update({p.id: p for p in refill_prompts(self.task, self.cfg.task.train_seed, stage, r, n)})
+        prompts = self._prompts_by_id(stage)
         seed = derive_seed(self.cfg.seed, "suffix", stage, index)
         cuts = [
             next((k for k, t in enumerate(traj.turns) if t.role in updated), None)
@@ -203,6 +201,55 @@ class TeamSampler:
         self.batches[key] = batch
         self.progress.rollout(stage, index, len(trajectories))
         return batch
+
+    def _prompts_by_id(self, stage: int) -> dict[str, TaskInstance]:
+        """The stage's training prompts by id (and, with dynamic sampling, its refill prompts')."""
+        prompts = {p.id: p for p in self.stage_prompts(stage)}
+        if self.cfg.loss.dynamic_sampling:  # the batch may hold refill prompts' groups
+            n = len(prompts)
+            for r in range(1, REFILL_ROUNDS + 1):
+                prompts.update({p.id: p for p in refill_prompts(self.task, self.cfg.task.train_seed, stage, r, n)})
+        return prompts
+
+    def prefix_baselines(
+        self, stage: int, index: int, batch: RolloutBatch, role: str, samples: int
+    ) -> np.ndarray:
+        """loss.credit = prefix: per episode of `batch`, the mean return of `samples` continuations of the
+        current team from the episode's turns before `role`'s first turn (NaN where `role` did not speak).
+        The earlier turns are in the baseline, so the role's advantage holds only what followed its own
+        prefix. The continuations' tokens count as train_tokens: they are the update's evidence."""
+        where = f"stage {stage + 1} update {index} credit continuations ({role})"
+        if not (isinstance(self.team, Team) and self.team.resumable):
+            raise RunDirError(
+                f"{where}: loss.credit 'prefix' needs a team that restarts from a prefix (a Team with its "
+                "default router); this graph cannot: use loss.credit 'episode'"
+            )
+        self.sync_rollout_adapters()
+        prompts = self._prompts_by_id(stage)
+        seed = derive_seed(self.cfg.seed, "credit", stage, index, role)
+        cuts = [next((k for k, t in enumerate(traj.turns) if t.role == role), None) for traj in batch.trajectories]
+        jobs = [(n, k) for n, c in enumerate(cuts) if c is not None for k in range(samples)]
+
+        async def continuation(n: int, k: int) -> Trajectory:
+            traj = batch.trajectories[n]
+            return await self.team.arun_from(
+                prompts[traj.task_id], traj.turns[: cuts[n]], verifier=self.task,
+                seed=derive_seed(seed, n, k), group_id=traj.group_id,
+            )  # fmt: skip
+
+        async def continuations() -> list[Trajectory]:
+            return list(await asyncio.gather(*(continuation(n, k) for n, k in jobs)))
+
+        try:
+            done = self._on_main(lambda: asyncio.run(continuations()))
+        except EpisodeError as e:
+            self.metrics.log("failed", self.state.step, where=where, error=f"{type(e).__name__}: {e}")
+            raise RunDirError(f"{where} failed: {e}") from e
+        totals = np.zeros(len(cuts))
+        for (n, _), traj in zip(jobs, done, strict=True):
+            totals[n] += float(traj.reward)
+            self.state.train_tokens += sum(len(t.completion_ids) for t in traj.turns[cuts[n] :])
+        return np.where([c is not None for c in cuts], totals / samples, np.nan)
 
     def heldout_episodes(self, stage: int, index: int, purpose: str = "kl-monitor") -> list[Trajectory]:
         """Held-out episodes of the current team, never trained on, with their own prompts and seeds

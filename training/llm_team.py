@@ -266,6 +266,13 @@ class LLMStageTeam:
             ),
             episode_weights=weights,
             probe=lambda: self.probe_contexts(ctx),
+            baselines=(
+                self.sampler.prefix_baselines(
+                    ctx.stage, ctx.index, ctx.batch, ctx.role, self.cfg.loss.credit_samples
+                )
+                if self.cfg.loss.credit == "prefix"
+                else None
+            ),
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
         self.state.betas[ctx.role] = step.region.beta_next

@@ -91,6 +91,7 @@ def teamtr_step(
     minibatch_seed: Callable[[int], int],
     episode_weights: np.ndarray | None = None,
     probe: Callable[[], Contexts] | None = None,
+    baselines: np.ndarray | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
 ) -> StepResult:
     """Update `role` (policy pi_j) on `batch` inside its KL trust region; commit it if accepted.
@@ -98,12 +99,14 @@ def teamtr_step(
     minibatch_seed(attempt) seeds the minibatch order of each attempt; episode_weights reweight a stale
     batch towards the current team (importance_weighting schedule); probe() draws role j's contexts in
     held-out episodes of the current team, on which check = probe holds the region (none: the batch only);
-    it is called only when a step is attempted, so an update without signal samples nothing."""
+    it is called only when a step is attempted, so an update without signal samples nothing; baselines:
+    loss.credit = prefix, each episode's mean return from j's own prefix (training/advantages.py)."""
     tr = cfg.trust_region
     # the batch must be samples of pi_T, the policy trained (training/behaviour.py says why not)
     require_on_policy(batch.trajectories, policy.temperature)
-    # ADV (A): bounded advantage of every episode against its prompt group (rloo by default)
-    adv = advantages_for(batch.rewards, batch.groups, cfg.loss)
+    # ADV (A): bounded advantage of every episode against its prompt group (rloo by default), or against
+    # continuations from j's own prefix (loss.credit = prefix)
+    adv = advantages_for(batch.rewards, batch.groups, cfg.loss, baselines)
     # only j's tokens enter its loss; each of its messages carries its episode's A_g
     msgs = messages_of_role(batch, role, adv, episode_weights)
     # CACHE: log pi_cur(x_u | s, x_<u) by the trainer's own forward pass (the ratio's denominator)
