@@ -31,6 +31,26 @@ def test_only_the_first_role_sees_the_value_unless_legible():
         get_task("relay", legibility=1.5)
 
 
+def test_training_batches_are_balanced_over_the_private_value():
+    from teamtr.graphs.task import balanced_prompts
+
+    family = get_task("relay", steps=4)
+    covered, independent = [], []
+    for seed in range(50):
+        batch = balanced_prompts(family, 8, seed)
+        assert len(batch) == 8 and batch == balanced_prompts(family, 8, seed)  # seeded: resumable
+        covered.append(len({t.answer for t in batch}))
+        independent.append(len({t.answer for t in family.generate(8, seed=seed)}))
+    # 8 prompts hold 8 different values of the 10 (fewer only if the pool of 32 held fewer; these seeds are
+    # fixed, so the figures are too); independent draws hold 10 (1 - 0.9^8) = 5.7 on average
+    assert min(covered) >= 7 and np.mean(covered) > 7.8 and np.mean(independent) < 6.5
+    # more prompts than strata: every value, then a second round
+    assert len({t.answer for t in balanced_prompts(family, 16, 0)}) == 10
+    # a task without strata is generated as it always was
+    chain = get_task("chain")
+    assert balanced_prompts(chain, 5, 3) == chain.generate(5, seed=3)
+
+
 def test_warm_start_contexts_are_the_rollout_contexts():
     """Each turn's training context is what graphs/team.py renders: the role's private view (the value
     for role 1 only) appended to its system prompt, the public prompt, the transcript so far."""

@@ -38,6 +38,10 @@ class RolloutConfig(VLLMSettings, _Strict):
     # who samples the rollouts: the trainer's embedded engine, or a vLLM server (training/vllm_rollouts.py)
     # to which each accepted adapter version is pushed; the update's log-probs are the trainer's either way
     engine: Literal["embedded", "vllm"] = "embedded"
+    # balance each stage's B prompts over the task's strata when it declares them (graphs/task.py
+    # `balanced_prompts`: relay's private value), so a batch covers the contexts later turns depend on;
+    # False: B independent draws (as before 2026-12)
+    stratify: bool = True
     # vllm: vllm_url, vllm_args, vllm_env, vllm_urls, vllm_replicas, ... (serving/engines/open.py VLLMSettings)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from teamtr.graphs.capture import EpisodeError, describe_error
 from teamtr.graphs.role_models import UnknownRoleError
 from teamtr.graphs.run_layout import RunDirError, adapter_dir
-from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.graphs.task import TaskFamily, TaskInstance, balanced_prompts
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.training.config import TrainConfig
@@ -58,10 +58,10 @@ class TeamSampler:
         self.prefix_cache = PrefixCache()  # the training rollouts' uncached prefill (token_counts.py)
 
     def stage_prompts(self, stage: int) -> list[TaskInstance]:
-        """The stage's prompt batch B (the same prompts for every update of the stage)."""
-        return self.task.generate(
-            self.cfg.rollout.prompts_per_update, seed=derive_seed(self.cfg.task.train_seed, stage)
-        )
+        """The stage's prompt batch B (the same prompts for every update of the stage), balanced over the
+        task's strata unless rollout.stratify is off."""
+        n, seed = self.cfg.rollout.prompts_per_update, derive_seed(self.cfg.task.train_seed, stage)
+        return balanced_prompts(self.task, n, seed) if self.cfg.rollout.stratify else self.task.generate(n, seed=seed)
 
     def versions(self) -> dict[str, int]:
         return {a: p.version() for a, p in self.policies.items()}

@@ -100,6 +100,11 @@ class BlindRelay(KnobbedFamily[RelayDifficulty]):
         """The warm start's message at turn `turn` (0-based, over every turn of the episode)."""
         return instance.meta["demos"][turn]
 
+    @staticmethod
+    def stratum(instance: TaskInstance) -> int:
+        """What every later turn's context depends on: the private value (training balances batches over it)."""
+        return instance.meta["value"]
+
     def extract_answer(self, response: str) -> str | None:
         line = last_line(response) or ""
         return line if _DIGIT.fullmatch(line) else None

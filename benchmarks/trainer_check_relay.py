@@ -1,0 +1,149 @@
+"""The trainer check on the relay task (issue 33's "Done when"): TeamTR alone, n in {2, 4}, l = 0 and the l = 1
+control, delta in {0.05, 0.15}, 5 seeds; and the ablations at n = 4, l = 0, delta 0.15, each switching one
+part of the trainer back. The cells are benchmarks/relay_study.py cells (resumable, one line each):
+
+    OMP_NUM_THREADS=1 TEAMTR_TORCH_THREADS=1 nice -n 15 .venv/bin/python benchmarks/relay_study.py --arms teamtr \\
+        --sizes 4 2 --deltas 0.15 0.05 --seeds 5 --cell-seeds --out benchmarks/results/trainer_check/relay
+    # one ablation (NAME, overrides in ABLATIONS below):
+    ... relay_study.py --arms teamtr --sizes 4 --control-size 0 --deltas 0.15 --seeds 5 --cell-seeds \\
+        --set trust_region.check=sampled --out benchmarks/results/trainer_check/relay_ablations/NAME
+    .venv/bin/python benchmarks/trainer_check_relay.py          # the report (report.md beside the cells)
+
+Per (n, l, delta) it prints the issue's lines with their pass/fail: the share of accepted updates whose
+delta_eff (exact KL on held-out episodes neither the batch nor the probe saw) exceeded delta (<= 5%), the
+median delta_eff / delta (>= 0.5), at l = 0 the seeds ending above their warm start beyond noise (>= 4 of 5;
+T = 1 return on 1000 held-out tasks, 2 standard errors of the difference), at l = 1 every seed within 2
+points of its warm start or above, the stages undone by eval.keep_best, and the blind roles' stray mass per
+turn at T = 1 (<= 0.02).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path("benchmarks/results/trainer_check")
+# each ablation switches one part of the default trainer back to its behaviour before 2026-12
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "sampled_check": {"trust_region.check": "sampled"},  # items 1-2: k3 on the batch's tokens, per epoch
+    "group_normalised": {"loss.advantage": "group_normalised"},  # item 3: the std-normalised baseline
+    "no_keep_best": {"eval.keep_best": False},  # item 5: no stage-level revert
+    "credit_prefix": {"loss.credit": "prefix"},  # item 3's option (not an ablation): credit from the prefix
+}
+
+
+def read_cells(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def beyond_noise(after: float, before: float, n_after: int, n_before: int) -> float:
+    """after - before in units of the standard error of the difference of two binomial means."""
+    se = (after * (1 - after) / n_after + before * (1 - before) / n_before) ** 0.5
+    return (after - before) / se if se > 0 else float("inf") * (after - before)
+
+
+def setting_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (n, l, delta): the issue's figures over the setting's seeds."""
+    warm = {(c["n"], c["legibility"]): c for c in cells if c["arm"] == "warm"}
+    rows = []
+    settings = sorted({(c["n"], c["legibility"], c["delta"]) for c in cells if c["arm"] != "warm"})
+    for n, legibility, delta in settings:
+        mine = sorted(
+            (c for c in cells if (c["n"], c["legibility"], c["delta"]) == (n, legibility, delta) and c["arm"] != "warm"),
+            key=lambda c: c["seed"],
+        )
+        base = warm.get((n, legibility))
+        ratios = [
+            d / delta
+            for c in mine
+            for d, ok in zip(c["delta_eff"], c.get("accepted") or [True] * len(c["delta_eff"]), strict=True)
+            if ok and d is not None
+        ]
+        gains = [100 * (c["accuracy_t1"] - base["accuracy_t1"]) for c in mine] if base else []
+        z = [
+            beyond_noise(c["accuracy_t1"], base["accuracy_t1"], len(c["rewards_t1"]), len(c["rewards_t1"]))
+            for c in mine
+        ] if base else []  # fmt: skip
+        stray = [c["turn_rates_t1"]["blind_stray_per_turn"] for c in mine if "turn_rates_t1" in c]
+        rows.append({
+            "setting": f"n{n}/l{legibility:g}/d{delta:g}",
+            "legibility": legibility,
+            "seeds": len(mine),
+            "warm_t1": base["accuracy_t1"] if base else None,
+            "warm_stray": base["turn_rates_t1"]["blind_stray_per_turn"] if base else None,
+            "gains": gains,
+            "above": sum(v > 2 for v in z),
+            "within_2_points": sum(g >= -2 for g in gains),
+            "updates": len(ratios),
+            "over_delta": sum(r > 1 for r in ratios) / len(ratios) if ratios else None,
+            "median_ratio": statistics.median(ratios) if ratios else None,
+            "reverts": [c.get("reverts") for c in mine],
+            "stray": stray,
+        })  # fmt: skip
+    return rows
+
+
+def verdicts(row: dict[str, Any]) -> dict[str, bool | None]:
+    """The issue's pass/fail lines for one setting (None: not measured)."""
+    seeds = row["seeds"]
+    return {
+        "delta_eff > delta in <= 5% of updates": None if row["over_delta"] is None else row["over_delta"] <= 0.05,
+        "median delta_eff / delta >= 0.5": None if row["median_ratio"] is None else row["median_ratio"] >= 0.5,
+        ("l = 0: >= 4 of 5 seeds above warm start beyond noise" if row["legibility"] == 0 else
+         "l = 1: every seed within 2 points of warm start or above"): (
+            row["above"] >= 4 * seeds / 5 if row["legibility"] == 0 else row["within_2_points"] == seeds
+        ),
+        "blind stray mass <= 0.02 per turn": all(s <= 0.02 for s in row["stray"]) if row["stray"] else None,
+    }  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| setting | seeds | warm T=1 | gain per seed (points) | above beyond noise | delta_eff > delta | "
+        "median delta_eff/delta | stages undone | blind stray per turn (warm) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {r['seeds']} | {r['warm_t1']:.3f} | {' / '.join(f'{g:+.1f}' for g in r['gains'])} | "
+            f"{r['above']}/{r['seeds']} | {r['over_delta']:.1%} | {r['median_ratio']:.2f} | "
+            f"{' / '.join(str(x) for x in r['reverts'])} | "
+            f"{' / '.join(f'{s:.3f}' for s in r['stray'])} ({r['warm_stray']:.3f}) |"
+        )
+    return "\n".join(lines)
+
+
+def report(root: Path) -> str:
+    parts = ["## TeamTR (default trainer)", ""]
+    rows = setting_rows(read_cells(root / "relay" / "cells.jsonl"))
+    parts += [table(rows), ""]
+    for r in rows:
+        marks = ", ".join(
+            f"{line}: {'-' if ok is None else 'pass' if ok else 'FAIL'}" for line, ok in verdicts(r).items()
+        )
+        parts.append(f"- {r['setting']} ({r['seeds']} seeds): {marks}")
+    parts += ["", "## Ablations (n = 4, l = 0, delta 0.15; each switches one part back)", ""]
+    ablation_rows = []
+    for name in ABLATIONS:
+        for r in setting_rows(read_cells(root / "relay_ablations" / name / "cells.jsonl")):
+            ablation_rows.append({**r, "setting": f"{name}: {r['setting']}"})
+    parts.append(table(ablation_rows) if ablation_rows else "(no ablation cells yet)")
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=ROOT)
+    args = parser.parse_args(argv)
+    text = report(args.root)
+    (args.root / "relay" / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
