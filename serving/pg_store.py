@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -86,7 +87,13 @@ class PgStore:
         from psycopg.rows import dict_row, tuple_row
 
         with self.connection() as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
+            # tried, not waited for: a session blocked in pg_advisory_lock is a transaction in progress,
+            # which the checkpointer's CREATE INDEX CONCURRENTLY in the holder waits for (a deadlock)
+            deadline = time.monotonic() + 120
+            while not conn.execute("SELECT pg_try_advisory_lock(%s)", (SCHEMA_LOCK,)).fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"{redacted(self.url)}: another server held the schema lock for 120 s")
+                time.sleep(0.1)
             try:
                 conn.execute(_schema())
                 conn.row_factory = dict_row  # what the checkpointer's own setup reads rows as

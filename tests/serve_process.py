@@ -15,6 +15,28 @@ import httpx
 from teamtr.serving.engines.vllm_server import free_port
 
 
+def start_serve(*args: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`teamtr serve ARGS --port PORT` in its own process (its output kept for a failure's message)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "teamtr.cli.main", "serve", *args, "--port", str(port)],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "teamtr serve did not become healthy"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.3)
+
+
 @contextmanager
 def serve_process(
     *args: str,
@@ -25,23 +47,10 @@ def serve_process(
     """Run `teamtr serve ARGS --port P` until the block ends (then sent `stop_signal`: SIGKILL for a
     crash); yields the server's URL."""
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "teamtr.cli.main", "serve", *args, "--port", str(port)],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    process = start_serve(*args, port=port, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert process.poll() is None, process.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "teamtr serve did not become healthy"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_healthy(process, url, timeout_s)
         yield url
     finally:
         process.send_signal(stop_signal)

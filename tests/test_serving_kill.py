@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import killable_server
 import pytest
+from chat_load import ThreadLoad
 from serving_fixtures import make_run_dir
 
 from teamtr.serving.conversations import message_digest, threads_path
@@ -33,45 +34,22 @@ CLIENTS = 4
 EXCHANGES_PER_THREAD = 3  # then a client starts a new thread (prompts stay small)
 
 
-class Load:
-    """Clients that resend their whole thread each request, as OpenAI clients do; what was answered."""
+class Load(ThreadLoad):
+    """The clients: each stops at the first request the kill cut off (the thread resends it next round)."""
 
     def __init__(self) -> None:
-        self.histories: dict[str, list[dict[str, str]]] = {}
-        self.answered: dict[str, int] = {}  # completion id -> turns the response showed
-        self.lock = threading.Lock()
-        self.threads_started = 0
-        self.current = [self.new_thread() for _ in range(CLIENTS)]  # each client's thread
-
-    def new_thread(self) -> str:
-        with self.lock:
-            self.threads_started += 1
-            thread = f"thread-{self.threads_started}"
-            self.histories[thread] = []
-        return thread
+        super().__init__(CLIENTS, EXCHANGES_PER_THREAD)
 
     def client(self, url: str, stop: threading.Event, slot: int) -> None:
         with httpx.Client(base_url=url, timeout=60) as http:
             while not stop.is_set():
-                thread = self.current[slot]
-                history = self.histories[thread]
-                if len(history) >= 2 * EXCHANGES_PER_THREAD:
-                    self.current[slot] = self.new_thread()
-                    continue
-                question = {"role": "user", "content": f"{thread} q{len(history) // 2}: 1+2"}
-                body = {"model": "chain", "messages": [*history, question], "max_tokens": 3}
+                thread, question, body = self.next_request(slot)
                 try:
                     r = http.post("/v1/chat/completions", json=body, headers={"X-Conversation-Id": thread})
                 except httpx.TransportError:
                     return  # killed: this request was never answered; the thread resends it next round
                 assert r.status_code == 200, r.text
-                reply = r.json()
-                with self.lock:
-                    history += [
-                        question,
-                        {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
-                    ]
-                    self.answered[reply["id"]] = len(reply["teamtr"]["turns"])
+                self.record(thread, question, r.json())
 
 
 def start(ctx, config: ServeConfig, url: str):
