@@ -53,15 +53,16 @@ def brute_force_kl(engine, adapter, prompts, completions, p_weights, q_weights, 
     return out
 
 
-@pytest.mark.parametrize("direction", ["max", "forward"])
-def test_the_line_search_never_keeps_an_iterate_beyond_delta_on_its_probe(tiny_model, tmp_path, direction):
+@pytest.mark.parametrize(("direction", "search"), [("max", "bracket"), ("forward", "bracket"), ("max", "halving")])
+def test_the_line_search_never_keeps_an_iterate_beyond_delta_on_its_probe(tiny_model, tmp_path, direction, search):
     delta = 0.02
     cfg = small_config(
         tiny_model, tmp_path / "run",
         # RAdam's first steps are momentum SGD, so some fraction of a step at lr 0.3 fits the region (AdamW's
         # sign step at this lr leaves it even at 2^-6 of its length: the update would keep no step)
         **{"optim.lr": 0.3, "optim.epochs": 4, "optim.optimizer": "radam", "trust_region.delta": delta,
-           "trust_region.direction": direction, "trust_region.probe_episodes": 6},
+           "trust_region.direction": direction, "trust_region.probe_episodes": 6,
+           "trust_region.line_search": search},
     )  # fmt: skip
     team = stage_team(cfg, tiny_model)
     engine, policy = team.engine, team.policies["adder1"]
@@ -81,6 +82,8 @@ def test_the_line_search_never_keeps_an_iterate_beyond_delta_on_its_probe(tiny_m
     assert float(np.mean(probe_kl)) <= record["kl_probe_ucb"] <= delta
     assert float(np.mean(batch_kl)) <= delta
     assert 0 < record["d_hat"] <= delta
+    if search == "bracket":  # the farthest point found inside: near the boundary, not a quarter of it
+        assert record["d_hat"] >= 0.75 * 0.9 * delta, record["d_hat"]
 
 
 def batch_prompts(batch):

@@ -9,7 +9,8 @@ line to its equation, (A), (10), (11), (T) there:
     OPTIMISE  epochs of -(L(w) - beta d_hat) on minibatches of j's messages                (10)
     MONITOR   after EVERY optimiser step: exact KL(pi_cur, pi_now) on the batch's contexts and the
               probe's bound on held-out contexts <= delta; a step that would leave is line-searched
-              back along its direction (theta_prev + 2^-h step) and the update ends there; a
+              back along its direction (the farthest point inside, near the boundary) and the update
+              ends there; a
               non-finite gradient or KL is outside: the update ends at the last inside iterate   (11)
               (check = sampled: d_hat on the batch's own tokens per epoch, undo, lr / 2, beta * 2)
     CERTIFY   term_i = L_hat - c sqrt(d_hat) - zeta_hat / (1 - gamma); speak-once or general form  (T)
@@ -22,6 +23,7 @@ training/stage.py `run_stage`; diagnostics, logging and resume bookkeeping are t
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ import torch
 from teamtr.training.advantages import Advantages, advantages_for
 from teamtr.training.behaviour import require_on_policy
 from teamtr.training.certificate import CertificateTerm, update_term
-from teamtr.training.config import LossConfig, TrainConfig
+from teamtr.training.config import LossConfig, TrainConfig, TrustRegionConfig
 from teamtr.training.losses import (
     KLEstimates,
     Surrogate,
@@ -41,7 +43,7 @@ from teamtr.training.losses import (
     penalised_loss,
 )
 from teamtr.training.policy import AdapterPolicy
-from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
+from teamtr.training.rollouts import RoleMessages, RolloutBatch, Speakers, messages_of_role
 from teamtr.training.trust_region import (
     AttemptLog,
     AttemptResult,
@@ -83,7 +85,7 @@ class StepResult:
 
 def teamtr_step(
     batch: RolloutBatch,
-    role: str,
+    role: Speakers,
     policy: AdapterPolicy,
     beta: float,
     cfg: TrainConfig,
@@ -121,8 +123,7 @@ def teamtr_step(
     probed: tuple[RegionCheck, int, str] | None = None
     probe_contexts: Contexts = ([], [])
     if no_signal:
-        no_attempt = AttemptLog(0.0, beta, 0.0, epochs_run=0, early_stopped=False, inside=True)
-        region = TrustRegionOutcome(accepted=False, d_hat=0.0, attempts=[no_attempt], beta_next=beta)
+        region = no_attempt(beta)
     elif tr.enabled and tr.check == "probe":
         # OPTIMISE + MONITOR (10, 11): the region checked exactly after every step, on the batch's
         # contexts and on held-out ones (the probe); the last iterate is always inside
@@ -150,6 +151,33 @@ def teamtr_step(
             return penalised_surrogate_epochs(policy, msgs, old_logp, cfg, lr, beta, seed, on_epoch)
 
         region = enforce_trust_region(attempt, policy.snapshot, tr, cfg.optim.lr, beta)
+    # LOG, CERTIFY (T), COMMIT at the accepted weights (or pi_cur, restored)
+    probe_messages = len(probe_contexts[0])
+    return step_result(batch, role, policy, cfg, adv, msgs, old_logp, region, probed, no_signal, probe_messages)
+
+
+def no_attempt(beta: float) -> TrustRegionOutcome:
+    """The region's record of an update that tried no step (no signal): not accepted, beta unchanged."""
+    log = AttemptLog(0.0, beta, 0.0, epochs_run=0, early_stopped=False, inside=True)
+    return TrustRegionOutcome(accepted=False, d_hat=0.0, attempts=[log], beta_next=beta)
+
+
+def step_result(
+    batch: RolloutBatch,
+    role: Speakers,
+    policy: AdapterPolicy,
+    cfg: TrainConfig,
+    adv: Advantages,
+    msgs: RoleMessages,
+    old_logp: torch.Tensor,
+    region: TrustRegionOutcome,
+    probed: tuple[RegionCheck, int, str] | None,
+    no_signal: bool,
+    probe_messages: int,
+) -> StepResult:
+    """LOG, CERTIFY and COMMIT of one role's update whose weights are final (accepted, or restored):
+    L_hat, the KL estimates and d_hat at pi_new, the term (T), and the version bump when accepted."""
+    tr = cfg.trust_region
     # pi_new: the accepted attempt's weights; a rejected update restored pi_cur bit for bit
     new_logp = region.accepted_attempt.new_logp if region.accepted_attempt is not None else old_logp
 
@@ -180,7 +208,7 @@ def teamtr_step(
     check, steps, stop = probed if probed is not None else (None, 0, "")
     return StepResult(
         adv, msgs, old_logp, new_logp, region, sur, kl, d_hat, term, version, no_signal, check, steps, stop,
-        len(probe_contexts[0]),
+        probe_messages,
     )
 
 
@@ -219,17 +247,58 @@ def optimise_inside_region(
                 inside, steps = check, steps + 1
                 continue
             # MONITOR: the step would leave the region: the longest inside fraction of it, then stop
-            stepped = policy.weights()
-            for h in range(1, tr.line_search_steps + 1):
-                policy.load_weights({k: before[k] + 0.5**h * (stepped[k] - before[k]) for k in before})
-                check = region.check()
-                if policy.agree(float(check.inside)) > 0.5:
-                    return check, steps + 1, "boundary"
-            policy.load_weights(before)
+            kept = line_search(policy, region, before, inside, check, tr)
+            if kept is not None:
+                return kept, steps + 1, "boundary"
             return inside, steps, "non_finite" if check.value != check.value else "boundary"
         if on_epoch is not None:
             on_epoch(epoch, inside.value)
     return inside, steps, "epochs"
+
+
+def line_search(
+    policy: AdapterPolicy,
+    region: ExactRegion,
+    before: dict[str, torch.Tensor],
+    start: RegionCheck,
+    end: RegionCheck,
+    tr: TrustRegionConfig,
+) -> RegionCheck | None:
+    """theta_prev + a (theta_step - theta_prev) for the largest a in (0, 1) found inside the region, its
+    weights left in the adapter; None (theta_prev back in place) when no point tried is inside.
+
+    `bracket`: a bracket [lo, hi] with lo inside (0 at first) and hi outside (1); the next a interpolates
+    sqrt(KL) between them (a KL about quadratic in the displacement makes sqrt(KL) about linear along the
+    line) towards line_search_target * delta, kept within the bracket's middle 80%; an inside point raises
+    lo, an outside one lowers hi; it stops at the first inside point above 3/4 of the target or after
+    line_search_steps points. `halving`: a = 1/2, 1/4, ..., the first inside kept."""
+    stepped = policy.weights()
+    target = tr.line_search_target * tr.delta
+    lo, hi, v_lo, v_hi = 0.0, 1.0, start.value, end.value
+    best: tuple[float, RegionCheck] | None = None
+    for h in range(1, tr.line_search_steps + 1):
+        if tr.line_search == "halving":
+            a = 0.5**h
+        elif math.isfinite(v_hi) and v_hi > v_lo:
+            frac = (math.sqrt(target) - math.sqrt(max(v_lo, 0.0))) / (math.sqrt(v_hi) - math.sqrt(max(v_lo, 0.0)))
+            a = lo + (hi - lo) * min(max(frac, 0.1), 0.9)
+        else:  # a non-finite end (or a KL that did not grow): bisect
+            a = (lo + hi) / 2
+        policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
+        check = region.check()
+        if policy.agree(float(check.inside)) > 0.5:
+            best = (a, check)
+            if tr.line_search == "halving" or check.value >= 0.75 * target:
+                return check
+            lo, v_lo = a, check.value
+        else:
+            hi, v_hi = a, check.value
+    if best is None:
+        policy.load_weights(before)
+        return None
+    a, check = best
+    policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
+    return check
 
 
 def probed_outcome(
