@@ -24,8 +24,10 @@ from typing import Any
 # region checked on the batch's own sampled tokens per epoch, restore-and-halve backtracking, group-
 # normalised advantages, AdamW, no stage-level revert. The ablations switch one part of the default back.
 ARMS: dict[str, dict[str, Any]] = {
-    "default": {},  # probe check, max-direction KL, rloo, AdamW, keep_best
-    "radam": {"optim.optimizer": "radam"},  # the default the pilot started from (steps a tenth the size)
+    "default": {},  # probe check, max-direction KL, bracket line search, rloo, AdamW, keep_best
+    # the default until 2026-12-03 (the line search kept the first of 1/2, 1/4, ... of a step inside)
+    "halving": {"trust_region.line_search": "halving"},
+    "radam_halving": {"optim.optimizer": "radam", "trust_region.line_search": "halving"},  # the pilot's start
     "before_2026_12": {
         "trust_region.check": "sampled",
         "loss.advantage": "group_normalised",
@@ -36,7 +38,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "group_normalised": {"loss.advantage": "group_normalised"},
     "no_keep_best": {"eval.keep_best": False},
     "forward_kl": {"trust_region.direction": "forward"},
-    "radam_lr1e-2_epochs4": {"optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4},
+    "radam_lr1e-2_epochs4_halving": {
+        "optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4, "trust_region.line_search": "halving",
+    },
 }
 
 
