@@ -53,6 +53,9 @@ class ServedTeam:
 
     team: Team
     adapters: dict[str, str] = field(default_factory=dict)  # role name -> registry adapter name
+    # the role whose (one, last) turn is the answer: streamed live (serving/token_stream.py); None: the
+    # team's own rule (a round-robin Team's last turn), else the answer goes out when the episode ends
+    answer_role: str | None = None
 
 
 def registered_adapters(team: Team, registry: AdapterRegistry) -> dict[str, str]:
@@ -117,8 +120,11 @@ class TurnRecorder(AsyncCallbackHandler):
         # where in the graph the call was made, as graphs/capture.py records it for a rollout's turns
         node = node_path(meta) or ""
         self._started[run_id] = (time.time_ns(), node, meta.get("langgraph_step"))
-        # turns are indexed in the order they start (a Team's turns run one at a time, so also as they end)
-        self._speaking[run_id] = (self._calls, meta.get("teamtr_role") or node)
+        # turns are indexed in the order they start (a Team's turns run one at a time, so also as they end);
+        # the role: a Team's call metadata, else the engine model's own (a user graph's RoleModels model
+        # carries its role itself: graphs/role_models.py), else the node
+        params = kwargs.get("invocation_params") or {}
+        self._speaking[run_id] = (self._calls, meta.get("teamtr_role") or params.get("role") or node)
         self._calls += 1
 
     async def on_llm_new_token(self, token: str, *, run_id: UUID, **kwargs: Any) -> None:

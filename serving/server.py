@@ -76,6 +76,10 @@ class ServedTeamConfig(BaseModel):
     exploration_share: float = Field(0.0, ge=0, le=1)
     exploration_temperature: float | None = Field(None, gt=0)  # None: the run's rollout.temperature, else 1
     exploration_seed: int | None = None  # seeds the draws (reproducible tests); None: from the OS
+    # a user graph's role that answers once, last (its node's message is what team.output reads): its
+    # tokens stream as the answer's content as they are decoded (serving/token_stream.py); None: a
+    # round-robin team streams its last turn, any other team sends its answer when the episode ends
+    answer_role: str | None = None
     max_in_flight: int = Field(64, ge=1)  # episodes of this team running at once
     max_waiting: int = Field(256, ge=0)  # more episodes queued; beyond: 429 with Retry-After
 
@@ -357,7 +361,12 @@ async def build_server(config: ServeConfig, engine: Any | None = None, on_trajec
                 version, path = saved[role.adapter]
                 await registry.push(role.adapter, path, version, base=role.base_model)
         team = served_team(name, spec, run, roles, engine)
-        teams[name] = ServedTeam(team, {r.name: r.adapter for r in roles if r.adapter is not None})
+        if spec.answer_role is not None and spec.answer_role not in {r.name for r in roles}:
+            raise SpecError(
+                f"team {name!r}: answer_role {spec.answer_role!r} is not one of its roles {[r.name for r in roles]}"
+            )
+        adapters = {r.name: r.adapter for r in roles if r.adapter is not None}
+        teams[name] = ServedTeam(team, adapters, spec.answer_role)
     if store is not None:  # the replicas' log: what they promoted serves here too, from now on
         await registry.attach_log(SharedPromotionLog(store))
     elif config.promotion_log is not None:  # the last promoted team serves again, with its history

@@ -350,7 +350,9 @@ class ChatCompletionService:
         include_turns = options is not None and options.include_turns
         events: asyncio.Queue[TurnInfo | TokenPiece] = asyncio.Queue()
         answer = AnswerStream(
-            final_turn_index(c.graph or c.team.team), {role: p.stop for role, p in c.sampling.items()}
+            final_turn_index(c.graph or c.team.team),
+            {role: p.stop for role, p in c.sampling.items()},
+            c.team.answer_role,
         )
         episode: asyncio.Task | None = None
         first_content = True

@@ -3,8 +3,11 @@
 The answer is the final turn's text without the stop string that ended it (graphs/chat_model.py). A team
 whose final turn is known before it runs (round-robin, no final-answer rule: the last turn of the last
 round) streams that turn's pieces as content deltas as they are decoded, holding back only what could
-still turn out to be the start of a stop string. Any other team (a custom router, an `is_final` rule, a
-user graph) learns its final turn only when the episode ends: its answer goes out as one delta then.
+still turn out to be the start of a stop string. A user graph (or any other team) whose served config
+names its `answer_role` (serving/server.py) streams the first turn that role speaks, live, the same way:
+the config promises that the role answers once, last (e.g. the graph's final node, whose message the
+default `team.output` reads). Any other team (a custom router, an `is_final` rule, a user graph without
+an answer role) learns its final turn only when the episode ends: its answer goes out as one delta then.
 docs/serving.md, "Streaming", states the rule for clients.
 """
 
@@ -36,13 +39,19 @@ def safe_prefix(text: str, stops: tuple[str, ...]) -> str:
 class AnswerStream:
     """Collects one episode's token pieces and says which new text is answer content to send."""
 
-    def __init__(self, final_turn: int | None, stops_of: dict[str, tuple[str, ...]]) -> None:
-        self.final_turn, self.stops_of = final_turn, stops_of
+    def __init__(
+        self, final_turn: int | None, stops_of: dict[str, tuple[str, ...]], answer_role: str | None = None
+    ) -> None:
+        """`final_turn`: the answer's turn index, when the team fixes it; else `answer_role`: the answer is
+        the first turn that role speaks."""
+        self.final_turn, self.stops_of, self.answer_role = final_turn, stops_of, answer_role
         self.raw = ""  # the final turn's text so far
         self.sent = ""  # the content already sent
 
     def piece(self, turn: int, role: str, text: str) -> str:
         """New content to send now ("" if none) after `text` was decoded in turn `turn` by `role`."""
+        if self.final_turn is None and role == self.answer_role:
+            self.final_turn = turn  # the answer role's first turn: the answer from here on
         if turn != self.final_turn:
             return ""
         self.raw += text
