@@ -1,4 +1,5 @@
-"""`teamtr traces list|show|to-trajectories`: the SQLite span store of `teamtr serve` (traces.db), read back.
+"""`teamtr traces list|show|to-trajectories`: the span store of `teamtr serve` (traces.db, or the replicas'
+shared PostgreSQL store), read back.
 
     teamtr traces list runs/demo/run --role adder2 --version 3 --since 2h   # the run's traces.db
     teamtr traces show runs/demo/run/traces.db chatcmpl-1a2b          # an episode, or a whole conversation
@@ -23,18 +24,24 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from teamtr.serving.pg_store import is_database_url
+
 app = typer.Typer(
     help="Stored traces: list and show served episodes, or turn them into trajectories.", no_args_is_help=True
 )
 
-def _store_path(path: Path) -> Path:
-    """A directory (the run or serve directory `teamtr serve` wrote it in) stands for its traces.db."""
-    return path / "traces.db" if path.is_dir() else path
+def _store_path(path: str) -> str | Path:
+    """A directory (the run or serve directory `teamtr serve` wrote it in) stands for its traces.db; a
+    postgresql:// URL (the replicas' shared store, `teamtr serve --db`) stays as it is."""
+    if is_database_url(path):
+        return path
+    return Path(path) / "traces.db" if Path(path).is_dir() else Path(path)
 
 
 _DB = typer.Argument(
     ...,
-    help="the SQLite span store (traces.db, beside conversations.db), or the directory holding it",
+    help="the SQLite span store (traces.db, beside conversations.db), the directory holding it, or the "
+    "postgresql:// URL several replicas share (teamtr serve --db)",
     callback=_store_path,
 )
 _CONVERSATION = typer.Option(None, "--conversation", "-c", help="only this conversation (an id or its prefix)")
@@ -115,7 +122,7 @@ def _reward(value: float | None) -> str:
 
 @app.command("list")
 def traces_list(
-    db: Path = _DB,
+    db: str = _DB,
     conversation: str = _CONVERSATION,
     episode: str = typer.Option(None, "--episode", "-e", help="an episode's completion or trace id (prefix)"),
     role: str = _ROLE,
@@ -162,7 +169,7 @@ def traces_list(
 
 @app.command("show")
 def traces_show(
-    db: Path = _DB,
+    db: str = _DB,
     id_: str = typer.Argument(
         ..., metavar="ID", help="an episode's completion or trace id, or a conversation's (ids or prefixes)"
     ),
@@ -218,7 +225,7 @@ def traces_show(
 
 @app.command("to-trajectories")
 def traces_to_trajectories(
-    db: Path = _DB,
+    db: str = _DB,
     out: Path = typer.Option(..., "--out", help="JSONL of Trajectory records, as training reads them"),
     require_reward: bool = typer.Option(False, help="only episodes whose conversation got feedback"),
     group_by_prompt: bool = typer.Option(
@@ -230,7 +237,7 @@ def traces_to_trajectories(
     from teamtr.graphs.trajectory import save_jsonl
     from teamtr.serving.tracing import trajectories_from_store
 
-    if not db.is_file():
+    if not is_database_url(db) and not Path(db).is_file():
         raise typer.BadParameter(f"no span store at {db}")
     trajectories = trajectories_from_store(db, require_reward, group_by_prompt)
     save_jsonl(trajectories, out)

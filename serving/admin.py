@@ -103,6 +103,7 @@ def admin_router(
 
     @router.get("/admin/adapters", response_model=AdapterListResponse)
     async def list_adapters() -> AdapterListResponse:
+        await registry.follow()  # what other replicas changed (several replicas: serving/pg_store.py)
         return AdapterListResponse(
             roles={a: [version_info(registry, v) for v in registry.versions(a)] for a in registry.adapters()},
             current=registry.current_versions(),
@@ -129,6 +130,7 @@ def admin_router(
 
     @router.get("/admin/candidate", response_model=CandidateInfo | None)
     async def get_candidate() -> CandidateInfo | None:
+        await registry.follow()
         return candidate_info(registry.candidate)
 
     @router.post("/admin/candidate", response_model=CandidateInfo)
@@ -147,6 +149,7 @@ def admin_router(
 
     @router.post("/admin/candidate/share", response_model=CandidateInfo)
     async def set_share(body: CanaryShareRequest) -> CandidateInfo:
+        await registry.follow()  # a candidate loaded through another replica
         try:
             return candidate_info(registry.set_canary_share(body.share))  # type: ignore[return-value]
         except AdapterError as e:

@@ -9,14 +9,12 @@ processor's queue are not in the store yet (the tracer flushes them every few se
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from teamtr.serving.trace_store import open_store
 from teamtr.serving.tracing import (
     ADAPTER_VERSIONS,
     AGENT_NAME,
@@ -100,17 +98,6 @@ class TraceFilter:
         return self.version is None or turn.version == self.version
 
 
-@contextmanager
-def _read_only(store: str | Path) -> Iterator[sqlite3.Connection]:
-    if not Path(store).is_file():
-        raise FileNotFoundError(f"no span store at {store}")
-    db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        yield db
-    finally:
-        db.close()
-
-
 def _episode(trace_id: str, start_ns: int, end_ns: int, status: str, a: dict[str, Any]) -> TracedEpisode:
     return TracedEpisode(
         episode_id=str(a.get(TASK_ID, "")),
@@ -164,7 +151,7 @@ def traced_episodes(
     if where.until_ns is not None:
         query += " AND start_ns < ?"
         args.append(where.until_ns)
-    with _read_only(store) as db:
+    with open_store(store) as db:
         rows = db.execute(query + " ORDER BY start_ns, span_id", args).fetchall()
         episodes: dict[tuple[str, str], TracedEpisode] = {}
         for trace_id, span_id, start_ns, end_ns, status, attributes in rows:
@@ -192,7 +179,7 @@ def traced_episodes(
     return out[-limit:] if limit else out
 
 
-def _turns_of(db: sqlite3.Connection, trace_ids: set[str]) -> dict[tuple[str, str], list[TracedTurn]]:
+def _turns_of(db: Any, trace_ids: set[str]) -> dict[tuple[str, str], list[TracedTurn]]:
     """(trace id, parent span id) -> the chat spans under that episode span."""
     out: dict[tuple[str, str], list[TracedTurn]] = defaultdict(list)
     ids = sorted(trace_ids)
@@ -208,7 +195,7 @@ def _turns_of(db: sqlite3.Connection, trace_ids: set[str]) -> dict[tuple[str, st
     return out
 
 
-def _feedback(db: sqlite3.Connection, conversations: set[str]) -> dict[str, tuple[float, str | None]]:
+def _feedback(db: Any, conversations: set[str]) -> dict[str, tuple[float, str | None]]:
     """conversation -> (reward, comment) of its latest feedback."""
     out: dict[str, tuple[float, str | None]] = {}
     for (attributes,) in db.execute(

@@ -146,20 +146,32 @@ def read_spans(
 ) -> Iterator[StoredSpan]:
     """Spans of a store (a SQLite file, or a postgresql:// URL) in start order, optionally only those of
     one `gen_ai.operation.name`, started at or after `since_ns`."""
-    with _open_store(path) as (db, mark):
-        query = f"SELECT {_COLUMNS} FROM spans WHERE start_ns >= {mark}"
+    with open_store(path) as db:
+        query = f"SELECT {_COLUMNS} FROM spans WHERE start_ns >= ?"
         args: tuple = (since_ns,)
         if operation is not None:
-            query += f" AND operation = {mark}"
+            query += " AND operation = ?"
             args += (operation,)
         for row in db.execute(query + " ORDER BY start_ns, span_id", args):
             *head, attributes = row
             yield StoredSpan(*head, attributes=json.loads(attributes))
 
 
+class _QmarkConnection:
+    """A PostgreSQL connection that takes SQLite's `?` parameter marks, so one query text reads both
+    stores (the span queries hold no other `?` or `%`)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def execute(self, query: str, args: Sequence[Any] = ()) -> Any:
+        return self._conn.execute(query.replace("?", "%s"), tuple(args))
+
+
 @contextmanager
-def _open_store(path: str | Path) -> Iterator[tuple[Any, str]]:
-    """A read connection to the store, and its parameter mark (SQLite `?`, PostgreSQL `%s`)."""
+def open_store(path: str | Path) -> Iterator[Any]:
+    """A read-only connection to a span store (a SQLite file, or a postgresql:// URL), queried with `?`
+    marks; FileNotFoundError when there is none."""
     if is_database_url(path):
         import psycopg
 
@@ -168,12 +180,12 @@ def _open_store(path: str | Path) -> Iterator[tuple[Any, str]]:
         except psycopg.OperationalError as e:
             raise FileNotFoundError(f"no span store at {redacted(str(path))}: {e}") from None
         with conn:
-            yield conn, "%s"
+            yield _QmarkConnection(conn)
         return
     if not Path(path).is_file():
         raise FileNotFoundError(f"no span store at {path}")
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        yield db, "?"
+        yield db
     finally:
         db.close()

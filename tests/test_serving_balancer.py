@@ -5,7 +5,8 @@ Afterwards: only 200 / 429 / 503 were answered; every answered episode is in the
 each thread's seen messages are what its client was answered (at most the one exchange it never got an
 answer for beyond, which its resend replaces), so every conversation continues with its whole history,
 nothing twice; no episode mixed versions (every turn ran on the version its episode pinned); the
-restarted replica serves again. The smallest load that shows it: 4 clients, about 30 requests."""
+restarted replica serves again. The smallest load that shows it: 4 clients of short requests (a few
+hundred here, most of them while A restarts)."""
 
 from __future__ import annotations
 

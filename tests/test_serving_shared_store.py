@@ -1,10 +1,14 @@
 """Two `teamtr serve` processes sharing one real PostgreSQL store (`--db`, serving/pg_store.py): a
 conversation started on replica A continues on replica B with its whole history (nothing twice); a
 promotion made through A is what B's next episode runs on, and a rollback through B is what A's next one
-runs on; every replica's episodes and feedback are in the one span store `teamtr improve` reads."""
+runs on; a candidate loaded through A is drawn by B's episodes too, and promoted through B serves A; every
+replica's episodes, feedback and canary pairs are in the one span store `teamtr improve` and
+`teamtr traces` read."""
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from contextlib import ExitStack
 
@@ -14,7 +18,9 @@ from pg_fixtures import fresh_database, postgres_server
 from serve_process import serve_process
 from serving_fixtures import make_run_dir, write_versions
 from transformers import AutoTokenizer
+from typer.testing import CliRunner
 
+from teamtr.cli.main import app
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.tracing import trajectories_from_store
 
@@ -41,7 +47,7 @@ def ask(url: str, messages: list[dict[str, str]], thread: str) -> dict:
 
 def test_two_replicas_share_threads_promotions_and_spans(tiny_model_dir, tmp_path, db):
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=2)
-    later = write_versions(tiny_model_dir, tmp_path / "later", [3], roles=("adder2",))
+    later = write_versions(tiny_model_dir, tmp_path / "later", [3, 4], roles=("adder2",))
     args = (str(run), "--team-name", "chain", "--db", db, "--admin-key", "adm")
     with ExitStack() as stack:
         a = stack.enter_context(serve_process(*args))
@@ -81,10 +87,34 @@ def test_two_replicas_share_threads_promotions_and_spans(tiny_model_dir, tmp_pat
         third = ask(a, [{"role": "user", "content": "delta 2+2"}], "t3")
         assert third["teamtr"]["adapter_versions"]["adder2"] == 2
 
-        # both replicas' traffic, and the feedback given on B, in the one store
+        # a candidate loaded through A (every episode, each answered again by the incumbent) is drawn on B
+        # too; promoted through B, it serves A's next episode as the current version
+        candidate = {"versions": {"adder2": {"path": str(later / "adapters" / "adder2" / "v4")}}}
+        loaded = httpx.post(a + "/admin/candidate", json={**candidate, "share": 1.0, "shadow": True}, headers=ADMIN)
+        assert loaded.status_code == 200, loaded.text
+        canaries = [ask(url, [{"role": "user", "content": "echo 5+5"}], f"c-{url}") for url in (b, a)]
+        assert [c["teamtr"]["adapter_versions"]["adder2"] for c in canaries] == [4, 4]
+        promoted = httpx.post(b + "/admin/candidate/promote", headers=ADMIN, timeout=60)
+        assert promoted.status_code == 200, promoted.text
+        assert httpx.get(a + "/admin/candidate", headers=ADMIN).json() is None
+        fourth = ask(a, [{"role": "user", "content": "foxtrot 3+3"}], "t4")
+        assert fourth["teamtr"]["adapter_versions"]["adder2"] == 4
+
+        # both replicas' traffic, the feedback given on B and the canary's pairs from both, in the one store
+        answered = {first["id"], second["id"], third["id"], fourth["id"], *(c["id"] for c in canaries)}
         episodes = {e.completion_id: e for e in served_episodes(db)}
-        assert {first["id"], second["id"], third["id"]} <= set(episodes)
+        assert answered <= set(episodes) and len(episodes) == 7  # with the episode of the push check
         assert episodes[second["id"]].reward == 1.0
         shared = httpx.get(a + "/admin/episodes", headers=ADMIN, timeout=30)
-        assert shared.status_code == 200
-        assert len(shared.json()["episodes"]) == len(episodes) == 4
+        assert shared.status_code == 200 and len(shared.json()["episodes"]) == 7
+        pairs = {episodes[c["id"]].pair_id for c in canaries}
+        assert None not in pairs and len(pairs) == 2
+        deadline = time.monotonic() + 120  # a bound only: the shadows finish after their answers
+        while len(shadows := [e for e in served_episodes(db, shadows=True) if e.shadow]) < 2:
+            assert time.monotonic() < deadline, "the canary's shadow episodes never reached the store"
+            time.sleep(0.2)
+        assert {e.pair_id for e in shadows} == pairs
+        assert {e.adapter_versions["adder2"] for e in shadows} == {2}  # the incumbent answered them again
+    listed = CliRunner().invoke(app, ["traces", "list", db, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert answered <= {e["episode_id"] for e in json.loads(listed.stdout)}
