@@ -48,7 +48,17 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # tests/adapter_fixtures.py
 
 OUT = HERE / "results" / "improve_end_to_end"
-REWARDS = {"better": "improve_end_to_end:closeness", "worse": "improve_end_to_end:wrong_sum"}
+# the condition's training reward and improve's extra arguments. `better` trains on the verifier (the
+# demo's training, the one known to gain), so only the training reward is left to judge it: allowed
+# explicitly, the records naming the judge "verifier (the training reward)". `worse` is judged by the
+# verifier, independent of its poisoned reward. `closeness` (partial credit) was the first `better`: on
+# seed 0 it did not gain (46.0% -> 46.8% on the fresh tasks), so it is kept as a cell of its own
+REWARDS = {
+    "better": "verifier",
+    "worse": "improve_end_to_end:wrong_sum",
+    "closeness": "improve_end_to_end:closeness",
+}
+EXTRA = {"better": ["--allow-training-reward-judge"]}
 TEAM = "chain"  # load_test.start_api_server serves the run as this team
 _INTEGER = re.compile(r"-?\d+")
 
@@ -126,7 +136,8 @@ async def run_improve(
     window_s = window_log[-1]["t"] + window_log[-1]["latency"] - window_log[0]["t"]
     command = [sys.executable, "-m", "teamtr.cli.main", "improve", str(run), "--url", url]
     command += ["--admin-key", ADMIN_KEY, "--team", TEAM, "--work-dir", str(work), "--last", str(args.window)]
-    command += ["--reward", REWARDS[condition], "--stages", str(args.stages), "--set", f"seed={seed}"]
+    command += ["--reward", REWARDS[condition], *EXTRA.get(condition, [])]
+    command += ["--stages", str(args.stages), "--set", f"seed={seed}"]
     env = {
         **os.environ,
         "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -341,7 +352,8 @@ def run_cell(seed: int, condition: str, args: argparse.Namespace) -> dict[str, A
             "fresh": args.fresh,
         },
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "commit": subprocess.run(
+        "commit": os.environ.get("TEAMTR_SOURCE_COMMIT")
+        or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
         ).stdout.strip(),  # fmt: skip
         "metrics_improve": out["metrics_improve"],
@@ -396,7 +408,7 @@ def report(cells: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--conditions", nargs="+", choices=tuple(REWARDS), default=list(REWARDS))
+    parser.add_argument("--conditions", nargs="+", choices=tuple(REWARDS), default=["better", "worse"])
     parser.add_argument("--window", type=int, default=1000, help="served requests improve learns from")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--stages", type=int, default=8, help="improve --stages (the demo's 8)")
