@@ -1,12 +1,12 @@
 """Two `teamtr serve` replicas behind a real HAProxy (serving/haproxy.py's configuration), sharing a real
 PostgreSQL store: clients continue their conversations through the balancer while a version is pushed
-through replica A, A is SIGKILLed, the push is rolled back through replica B and A is started again.
+through replica A, A is SIGKILLed, and the push is rolled back through replica B; then A is started again
+and every thread continues on A or B.
 Afterwards: only 200 / 429 / 503 were answered; every answered episode is in the span store exactly once;
 each thread's seen messages are what its client was answered (at most the one exchange it never got an
 answer for beyond, which its resend replaces), so every conversation continues with its whole history,
 nothing twice; no episode mixed versions (every turn ran on the version its episode pinned); the
-restarted replica serves again. The smallest load that shows it: 4 clients of short requests (a few
-hundred here, most of them while A restarts)."""
+restarted replica serves again. The smallest load that shows it: 4 clients, a few dozen short requests."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.tracing import trajectories_from_store
 
 ADMIN = {"Authorization": "Bearer adm"}
+pytest_plugins = ["vllm_fixtures"]  # one session vLLM server, shared with the other vLLM tests
 CLIENTS = 4
 EXCHANGES_PER_THREAD = 3
 ALLOWED = {200, 429, 503}
@@ -87,10 +88,24 @@ def seen_digests(db: str, thread: str) -> list[str]:
 
 
 def test_replicas_behind_haproxy_lose_nothing_when_one_is_killed(tiny_model_dir, tmp_path, postgres):
+    check_kill_behind_balancer(tiny_model_dir, tmp_path, postgres)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_replicas_on_one_vllm_server_lose_nothing_when_one_is_killed(
+    vllm_server, vllm_model_dir, tmp_path, postgres
+):
+    """The same with both replicas attached to one vLLM server (a SIGKILLed replica unloads nothing; the
+    restarted one loads the current versions again in place)."""
+    check_kill_behind_balancer(vllm_model_dir, tmp_path, postgres, "--vllm-url", vllm_server.url)
+
+
+def check_kill_behind_balancer(model_dir, tmp_path, postgres, *engine: str) -> None:
     db = fresh_database(postgres, f"t{uuid.uuid4().hex[:12]}")
-    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=2)
-    later = write_versions(tiny_model_dir, tmp_path / "later", [3], roles=("adder2",))
-    args = (str(run), "--team-name", "chain", "--db", db, "--admin-key", "adm")
+    run = make_run_dir(model_dir, tmp_path / "run", versions=2)
+    later = write_versions(model_dir, tmp_path / "later", [3], roles=("adder2",))
+    args = (str(run), "--team-name", "chain", "--db", db, "--admin-key", "adm", *engine)
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     replicas = [start_serve(*args, port=p) for p in ports]
@@ -119,13 +134,14 @@ def test_replicas_behind_haproxy_lose_nothing_when_one_is_killed(tiny_model_dir,
                     urls[1] + "/admin/adapters/rollback", json={"role": "adder2"}, headers=ADMIN, timeout=60
                 )
                 assert rolled.status_code == 200, rolled.text
-                replicas[0] = start_serve(*args, port=ports[0])
-                wait_healthy(replicas[0], urls[0])
-                load.wait_answered(26)
+                load.wait_answered(24)
             finally:
                 load.stop.set()
                 for c in clients:
                     c.join(180)
+            # restarted without load (on 2 shared cores a restart under load only slows the test down)
+            replicas[0] = start_serve(*args, port=ports[0])
+            wait_healthy(replicas[0], urls[0])
 
             assert set(load.statuses) <= ALLOWED and not load.dropped, (load.statuses, load.dropped)
             # every conversation continues, on the restarted replica too, with its whole history once

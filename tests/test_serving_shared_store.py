@@ -25,6 +25,7 @@ from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.tracing import trajectories_from_store
 
 ADMIN = {"Authorization": "Bearer adm"}
+pytest_plugins = ["vllm_fixtures"]  # one session vLLM server, shared with the other vLLM tests
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,22 @@ def ask(url: str, messages: list[dict[str, str]], thread: str) -> dict:
 
 
 def test_two_replicas_share_threads_promotions_and_spans(tiny_model_dir, tmp_path, db):
-    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=2)
-    later = write_versions(tiny_model_dir, tmp_path / "later", [3, 4], roles=("adder2",))
-    args = (str(run), "--team-name", "chain", "--db", db, "--admin-key", "adm")
+    check_two_replicas(tiny_model_dir, tmp_path, db)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_two_replicas_on_one_vllm_server_share_them_too(vllm_server, vllm_model_dir, tmp_path, db):
+    """The same with vLLM as the engine: both replicas attach one vLLM server and load every version into
+    it under the same name; a version one replica unloads (idle there) while the other still serves it
+    is loaded again by the other on its 404 (serving/engines/vllm_engine.py `restore_adapters`)."""
+    check_two_replicas(vllm_model_dir, tmp_path, db, "--vllm-url", vllm_server.url)
+
+
+def check_two_replicas(model_dir, tmp_path, db, *engine: str) -> None:
+    run = make_run_dir(model_dir, tmp_path / "run", versions=2)
+    later = write_versions(model_dir, tmp_path / "later", [3, 4], roles=("adder2",))
+    args = (str(run), "--team-name", "chain", "--db", db, "--admin-key", "adm", *engine)
     with ExitStack() as stack:
         a = stack.enter_context(serve_process(*args))
         b = stack.enter_context(serve_process(*args))
@@ -60,7 +74,7 @@ def test_two_replicas_share_threads_promotions_and_spans(tiny_model_dir, tmp_pat
         second = ask(b, [question, answer, {"role": "user", "content": "bravo 30+5"}], "t1")
         feedback = httpx.post(b + "/v1/feedback", json={"conversation_id": "t1", "reward": 1.0}, timeout=30)
         assert feedback.status_code == 200 and feedback.json()["episodes"] == 2, feedback.text
-        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
         trajectories = {t.task_id: t for t in trajectories_from_store(db)}
         prompt = tokenizer.decode(trajectories[second["id"]].turns[0].prompt_ids)
         assert prompt.count("alpha 12+7") == 1 and "bravo 30+5" in prompt

@@ -167,7 +167,13 @@ class VLLMAdapters:
         self.paths[key] = str(path)
 
     async def unload(self, name: str, base: str) -> None:
-        await self._http.post(self._bases[base].url, "/v1/unload_lora_adapter", {"lora_name": name})
+        try:
+            await self._http.post(self._bases[base].url, "/v1/unload_lora_adapter", {"lora_name": name})
+        except VLLMRequestError as e:
+            # not there: what the unload wanted. Several API replicas share a vLLM server (docs/scale.md)
+            # and each unloads a version once idle there, so another may have unloaded it first
+            if e.status_code != 404:
+                raise
         self.versions.pop((base, name), None)
         self.paths.pop((base, name), None)
 
