@@ -12,6 +12,10 @@ start, training prompts and evaluation tasks); arms
   naive            the same run with the stage-start batch reused by every update (TeamTR minus resampling)
   sequential_grpo  GRPO's loss (per-token ratio, group-normalised) on the stage-start batch, same delta
   teamtr_reversed  (secondary, --arms) TeamTR with the roles updated in reversed order
+  joint            (secondary, --arms) the paper's joint update: one objective over the team's trajectory
+                   ratios on the stage-start batch, every adapter moved by each step (training/joint_step.py)
+  shared_adapter   (secondary, --arms) one LoRA adapter speaks every role, one update per stage on all
+                   roles' messages of the stage-start batch (team.shared_adapter): the single-policy peer
 
 Each (n, l) first gets a `warm` cell: its warm start (built once, cached) evaluated at T = 1 on
 `eval_episodes` tasks (the primary endpoint's distribution), greedily, and its reward spread over groups
@@ -38,8 +42,9 @@ from team_size_study import append_cell, read_cells, record_config  # noqa: E402
 
 ARMS = ("teamtr", "naive", "sequential_grpo")
 # not in the default: TeamTR updating the roles in reversed order; naive sequential until it has generated
-# as many training tokens as the same seed's TeamTR cell (more stages)
-SECONDARY_ARMS = ("teamtr_reversed", "naive_tokens")
+# as many training tokens as the same seed's TeamTR cell (more stages); the joint update and the shared
+# adapter (issue 37 item 1: baselines for its study)
+SECONDARY_ARMS = ("teamtr_reversed", "naive_tokens", "joint", "shared_adapter")
 ROUTER = "teamtr.evals.tasks.relay:relay_order"
 # the preregistration's budget (pilot part 5): the n = 6 and control cells and every delta 0.05 cell at 3
 # seeds, the control at delta 0.05 dropped
@@ -144,9 +149,9 @@ def train_config(
             "max_rollout_tokens": budget if arm == "naive_tokens" else None,
             "run_dir": str(cfg.out / "runs" / cell_key(n, legibility, delta, seed, arm)),
             "task": {"name": "relay", "options": task_options(n, legibility, cfg)},
-            "team": {"model": model, "router": ROUTER},
+            "team": {"model": model, "router": ROUTER, "shared_adapter": arm == "shared_adapter"},
             "schedule": {
-                "kind": "teamtr" if teamtr else "naive",
+                "kind": "teamtr" if teamtr else "joint" if arm == "joint" else "naive",
                 "resample": "suffix",
                 "order": "reversed" if arm == "teamtr_reversed" else "fixed",
             },

@@ -91,6 +91,10 @@ class TeamConfig(_Strict):
     # and which base each role's adapter sits on (role -> base name; default: the Role's base_model)
     bases: dict[str, str] = Field(default_factory=dict)
     role_bases: dict[str, str] = Field(default_factory=dict)
+    # the single-policy baseline: every role speaks with ONE LoRA adapter (`SHARED_ADAPTER`), a policy that
+    # plays every part, updated once per stage on all roles' messages inside one trust region
+    # (training/llm_team.py); False: each role its own adapter, as the roles factory names them
+    shared_adapter: bool = False
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_targets: list[str] | None = None  # module names; None = the engine's default (every linear layer)
@@ -135,6 +139,7 @@ def with_bases(roles: list[Role], role_bases: dict[str, str]) -> list[Role]:
     return [dataclasses.replace(r, base_model=role_bases.get(r.name, r.base_model)) for r in roles]
 
 
+SHARED_ADAPTER = "shared"  # the one adapter of every role when team.shared_adapter is set
 DefaultRoles = Callable[..., list[Role]]  # (task name, options=..., trainable=True) -> the task's own team
 
 
@@ -160,7 +165,13 @@ def team_roles(team: TeamConfig, task: TaskConfig, default_roles: DefaultRoles) 
         roles = check_order(team.order, roles)
     except ConfigObjectError as e:
         raise SpecError(str(e)) from None
-    return with_bases(roles, team.role_bases)
+    roles = with_bases(roles, team.role_bases)
+    if team.shared_adapter:  # one policy for every role: one adapter, so one base model
+        bases = sorted({r.base_model for r in roles})
+        if len(bases) > 1:
+            raise SpecError(f"team.shared_adapter: one adapter sits on one base model; the roles use {bases}")
+        roles = [dataclasses.replace(r, adapter=SHARED_ADAPTER) for r in roles]
+    return roles
 
 
 def team_options(team: TeamConfig) -> dict[str, Any]:

@@ -79,7 +79,10 @@ class Trajectory:
     final_answer: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def turns_of(self, role: str) -> list[Turn]:
+    def turns_of(self, role: str | tuple[str, ...]) -> list[Turn]:
+        """The turns of `role`, or of any of several roles (those that speak with one shared adapter)."""
+        if isinstance(role, tuple):
+            return [t for t in self.turns if t.role in role]
         return [t for t in self.turns if t.role == role]
 
     def adapter_versions(self) -> dict[str, int]:

@@ -268,6 +268,23 @@ class TrainConfig(_Strict):
             raise ValueError("team.router routes teamtr's Team; a user graph (team.graph) routes itself")
         return self
 
+    @model_validator(mode="after")
+    def _baselines_fit(self) -> TrainConfig:
+        """The joint update and the shared adapter take only what they are defined with (docs/training.md)."""
+        joint, tr = self.schedule.kind == "joint", self.trust_region
+        if joint and tr.enabled and tr.check != "probe":
+            raise ValueError("schedule joint holds each role's region by the probe check: trust_region.check probe")
+        if joint and self.loss.kind != "message_ratio":
+            raise ValueError("schedule joint's objective is the team's trajectory ratio: loss.kind message_ratio")
+        if self.loss.credit == "prefix" and (joint or self.team.shared_adapter):
+            raise ValueError(
+                "loss.credit prefix credits one role from its own prefix: not with schedule joint (one "
+                "advantage per episode for the team) or team.shared_adapter (one policy for every role)"
+            )
+        if joint and self.team.shared_adapter:
+            raise ValueError("team.shared_adapter trains one policy: there is no team to update jointly")
+        return self
+
     @field_validator("schedule", mode="before")
     @classmethod
     def _schedule(cls, v: Any) -> ScheduleConfig:

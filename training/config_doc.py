@@ -112,7 +112,9 @@ NOTES = {
     "resume checkpoint; `teamtr train --run-dir` overrides it",
     "torch_threads": "torch CPU threads of the trainer and its embedded engine",
     "schedule.kind": "teamtr = Algorithm 1 (fresh rollouts of the intermediate team before each update); "
-    "naive = every update on the stage-start batch; joint = every role updated from pi^0 at once; "
+    "naive = every update on the stage-start batch; joint = one update of the whole team on the stage-start "
+    "batch (one objective over the team's trajectory ratios, every adapter moved by each step: "
+    "training/joint_step.py); "
     "importance_weighting = the stage-start batch reweighted towards pi^(i-1)",
     "loss.kind": "the surrogate and advantage estimator: message_ratio (TeamTR's), ppo_batch_baseline, grpo, "
     "dapo (the class docstring above)",

@@ -18,7 +18,7 @@ from teamtr.training.advantages import advantages_for
 from teamtr.training.certificate import heldout_surrogate
 from teamtr.training.config import LossConfig
 from teamtr.training.policy import AdapterPolicy
-from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
+from teamtr.training.rollouts import RoleMessages, RolloutBatch, Speakers, messages_of_role
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, surrogate
 from teamtr.training.vocab_kl import MessageKL, Side, message_divergences
@@ -180,7 +180,7 @@ class OutOfSampleKL:
     divergences: MessageKL | None = None  # forward and reverse KL of each message (per_message)
 
     @classmethod
-    def before(cls, trajectories: list[Trajectory], role: str, policy: AdapterPolicy) -> OutOfSampleKL:
+    def before(cls, trajectories: list[Trajectory], role: Speakers, policy: AdapterPolicy) -> OutOfSampleKL:
         turns = [
             (k, t) for k, traj in enumerate(trajectories) for t in traj.turns_of(role) if t.completion_ids
         ]

@@ -48,11 +48,12 @@ from teamtr.training.diagnostics import (
     turn_versions,
 )
 from teamtr.training.distributed import DataParallel
+from teamtr.training.joint_step import joint_step
 from teamtr.training.llm_rollouts import TeamSampler
 from teamtr.training.metrics import MetricsLog
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
-from teamtr.training.rollouts import RolloutBatch
+from teamtr.training.rollouts import RolloutBatch, Speakers
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, teamtr_step
 from teamtr.training.vllm_rollouts import VLLMRollouts
@@ -137,8 +138,15 @@ class LLMStageTeam:
         team = build_team(
             cfg.team, roles, rollouts, temperature=cfg.rollout.temperature, name=cfg.team.graph or "train"
         )
-        self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
+        # the update units: the roles that speak with one adapter are one policy, updated once per stage on
+        # all their turns (team.shared_adapter: the whole team on one adapter); a unit is named after its
+        # role, or after its adapter when several roles share it
+        self.units: dict[str, list[Role]] = {}
         for r in roles:
+            members = [m for m in roles if m.adapter == r.adapter]
+            self.units.setdefault(r.name if len(members) == 1 else r.adapter, members)
+        self.policies: dict[str, AdapterPolicy] = {}  # adapter -> pi_j, in role order
+        for name, (r, *_) in self.units.items():
             params = engine.adapter_parameters(r.adapter, r.base_model)
             optimizer = make_optimizer(list(params.values()), cfg)
             self.policies[r.adapter] = AdapterPolicy(
@@ -153,7 +161,7 @@ class LLMStageTeam:
                 gradient_checkpointing=cfg.optim.gradient_checkpointing,
                 bf16_autocast=cfg.optim.bf16_autocast,
             )
-            self.state.betas.setdefault(r.name, cfg.trust_region.beta_init)
+            self.state.betas.setdefault(name, cfg.trust_region.beta_init)
         self.sampler = TeamSampler(
             cfg, team, task, self.policies, state, metrics, progress, run_dir, self.vllm, data_parallel
         )
@@ -162,6 +170,11 @@ class LLMStageTeam:
         self.replay_updates: dict[tuple[int, int, str], dict[str, Any]] = {}  # resumed: already done
         self.done_updates: list[dict[str, Any]] = []  # this stage's completed updates (checkpointed)
         self.on_update_done: Callable[[], None] | None = None  # the trainer checkpoints here
+
+    def speakers(self, unit: str) -> Speakers:
+        """Whose turns unit `unit` trains on: its role, or every role of a shared adapter."""
+        members = self.units[unit]
+        return members[0].name if len(members) == 1 else tuple(m.name for m in members)
 
     # ---- ROLLOUT: the sampling half (training/llm_rollouts.py) --------------------------------------
     @property
@@ -195,18 +208,13 @@ class LLMStageTeam:
         tr = self.cfg.trust_region
         if not tr.enabled or tr.check != "probe":
             return [], []
-        turns = [
-            t
-            for traj in self.heldout_episodes(ctx.stage, ctx.index, "kl-probe")
-            for t in traj.turns_of(ctx.role)
-            if t.completion_ids
-        ]
-        return [t.prompt_ids for t in turns], [t.completion_ids for t in turns]
+        return contexts_of(self.heldout_episodes(ctx.stage, ctx.index, "kl-probe"), self.speakers(ctx.role))
 
     def _skipped(self, ctx: UpdateContext[RolloutBatch], role: Role) -> LoggedUpdate | None:
         """A role the graph never called (with a trainable model) in ctx.batch is reported, not updated
         on empty data: a "skipped" record in metrics.jsonl, an UnusedRoleWarning, a zero certificate term."""
-        if any(t.completion_ids for traj in ctx.batch.trajectories for t in traj.turns_of(ctx.role)):
+        speakers = self.speakers(ctx.role)
+        if any(t.completion_ids for traj in ctx.batch.trajectories for t in traj.turns_of(speakers)):
             return None
         text = (
             f"stage {ctx.stage + 1} update {ctx.index}: role {ctx.role!r} made no trainable call in the "
@@ -241,30 +249,22 @@ class LLMStageTeam:
         done = self.replay_updates.get((ctx.stage, ctx.index, ctx.role))
         if done is not None:  # resumed: this update completed before the interruption
             return LoggedUpdate(done)
-        skipped = self._skipped(ctx, self.roles[ctx.role])
+        skipped = self._skipped(ctx, self.units[ctx.role][0])
         if skipped is not None:
             return skipped
-        t0 = time.perf_counter()
-        role = self.roles[ctx.role]
-        policy = self.policies[role.adapter]
-        versions_before = self.versions()
-        weights = self.episode_weights(ctx)
-        stale_gap = StaleGap.before(ctx, policy, self.cfg.loss)  # log pi_cur on pi^0's and pi^(i-1)'s batches
-        heldout_kl = OutOfSampleKL.before(self.heldout_episodes(ctx.stage, ctx.index), ctx.role, policy)
-        # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
-        rollout_gaps = behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None
-
+        around = self.before_step(ctx)
+        policy = around.policy
         passed_before = policy.passed_tokens  # count 3: the step's own passes, not the instruments' around it
         step = teamtr_step(
             ctx.batch,
-            ctx.role,
+            self.speakers(ctx.role),
             policy,
             self.state.betas[ctx.role],
             self.cfg,
             minibatch_seed=lambda attempt: derive_seed(
                 self.cfg.seed, "minibatch", ctx.stage, ctx.index, attempt
             ),
-            episode_weights=weights,
+            episode_weights=around.weights,
             probe=lambda: self.probe_contexts(ctx),
             baselines=(
                 self.sampler.prefix_baselines(
@@ -275,11 +275,46 @@ class LLMStageTeam:
             ),
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
-        self.state.betas[ctx.role] = step.region.beta_next
         self.state.train_pass_tokens += policy.passed_tokens - passed_before
+        return self.log_update(ctx, step, around)
+
+    def before_step(
+        self, ctx: UpdateContext[RolloutBatch], heldout: list[Trajectory] | None = None
+    ) -> AroundStep:
+        """What is measured before the step of ctx.role: log pi_cur on the stale-gap batches and on the held-out
+        KL check's episodes (`heldout`, else drawn for this update), the importance weights, the vLLM gaps."""
+        policy = self.policies[self.units[ctx.role][0].adapter]
+        return AroundStep(
+            t0=time.perf_counter(),
+            policy=policy,
+            versions_before=self.versions(),
+            weights=self.episode_weights(ctx),
+            stale_gap=StaleGap.before(ctx, policy, self.cfg.loss),  # log pi_cur on pi^0's and pi^(i-1)'s batches
+            heldout_kl=OutOfSampleKL.before(
+                self.heldout_episodes(ctx.stage, ctx.index) if heldout is None else heldout,
+                self.speakers(ctx.role),
+                policy,
+            ),
+            # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
+            rollout_gaps=behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None,
+        )
+
+    def log_update(
+        self,
+        ctx: UpdateContext[RolloutBatch],
+        step: StepResult,
+        around: AroundStep,
+        extra: dict[str, Any] | None = None,
+        checkpoint: bool = True,
+    ) -> LoggedUpdate:
+        """After the step of ctx.role: its next beta, the accepted adapter saved (and pushed), the
+        diagnostics measured, the "update" record written and, with `checkpoint`, the trainer's checkpoint."""
+        policy = around.policy
+        self.state.betas[ctx.role] = step.region.beta_next
         push_seconds = self.publish(policy) if step.accepted else None
 
         tr = self.cfg.trust_region
+        heldout_kl, weights = around.heldout_kl, around.weights
         # delta_eff in the direction the probe check constrains (forward when the check is sampled: eq. 11)
         measured = heldout_kl.after(tr.delta, tr.per_token, tr.direction if tr.check == "probe" else "forward")
         diagnostics = {
@@ -287,11 +322,11 @@ class LLMStageTeam:
             "logprob_gap": logprob_gap(step.messages, step.old_logp),
             "logprob_gap_max": logprob_gap_max(step.messages, step.old_logp),
             "rollout_engine": self.cfg.rollout.engine,
-            "rollout_logprob_gaps": rollout_gaps,
+            "rollout_logprob_gaps": around.rollout_gaps,
             "adapter_push_seconds": push_seconds,
             "certificate": heldout_certificate(step, heldout_kl, measured).to_dict(),
             "ess": ess_fraction(weights) if weights is not None else None,
-            **stale_gap.after(step, policy),
+            **around.stale_gap.after(step, policy),
             "occupancy_divergence": (
                 occupancy_divergence(
                     ctx.fresh_batch, ctx.stage_start_batch, self.stage_start_weights, self.policies
@@ -310,9 +345,10 @@ class LLMStageTeam:
             "stop": step.stop,
             # contexts covered: the share of the held-out check's contexts the batch never contained
             "heldout_contexts_unseen": unseen_share(heldout_kl.prompts, step.messages.prompts),
+            **(extra or {}),
         }
         self.state.step += 1
-        record = update_record(ctx, role, step, self.cfg, diagnostics, versions_before)
+        record = update_record(ctx, self.units[ctx.role][0], step, self.cfg, diagnostics, around.versions_before)
         record.update(
             train_tokens=self.state.train_tokens,
             diagnostic_tokens=self.state.diagnostic_tokens,
@@ -320,12 +356,12 @@ class LLMStageTeam:
             probe_tokens=self.state.probe_tokens,
             train_prefill_tokens=self.state.train_prefill_tokens,
             train_pass_tokens=self.state.train_pass_tokens,
-            seconds=time.perf_counter() - t0,
+            seconds=time.perf_counter() - around.t0,
         )
         self.metrics.log("update", self.state.step, **record)
         self.progress.update(record)
         self.done_updates.append(record)
-        if self.on_update_done is not None:
+        if checkpoint and self.on_update_done is not None:
             self.on_update_done()
         return LoggedUpdate(record)
 
@@ -341,12 +377,72 @@ class LLMStageTeam:
         return None if self.vllm is None else self.vllm.push(policy.adapter, saved, version, policy.base)
 
     def update_joint(self, stage: int, roles: list[str], batch: RolloutBatch) -> list[LoggedUpdate]:
-        """Joint baseline: every role updated from pi^0 on the same batch. A role's loss depends on its
-        own adapter only, so updating them one after the other on this batch is updating them at once."""
-        return [
-            self.update(UpdateContext(stage, i, role, batch, batch, fresh=True, reweight=False))
-            for i, role in enumerate(roles, start=1)
-        ]
+        """The joint baseline: one update of every role at once on the stage-start batch (training/joint_step.py
+        `joint_step`: one objective over the team's trajectory ratios, one optimiser step moves every adapter,
+        every role's region checked after each). Each role still gets its "update" record, written in sigma's
+        order; one checkpoint after the last, so a resumed run replays all of them or none."""
+        ctxs = [UpdateContext(stage, i, role, batch, batch, fresh=True, reweight=False) for i, role in enumerate(roles, 1)]
+        done = [self.replay_updates.get((stage, ctx.index, ctx.role)) for ctx in ctxs]
+        if any(d is not None for d in done):  # resumed after the joint update: its records, as written
+            if not all(d is not None for d in done):
+                raise RuntimeError(f"stage {stage + 1}: a checkpoint holds part of a joint update's records")
+            return [LoggedUpdate(d) for d in done]
+        t0 = time.perf_counter()
+        skipped = {ctx.role: self._skipped(ctx, self.units[ctx.role][0]) for ctx in ctxs}
+        moving = [ctx for ctx in ctxs if skipped[ctx.role] is None]
+        if not moving:
+            return [u for u in skipped.values() if u is not None]
+        heldout = self.heldout_episodes(stage, 1)  # the held-out KL check's episodes of pi^0, one draw for all
+        arounds = {ctx.role: self.before_step(ctx, heldout) for ctx in moving}
+        policies = {ctx.role: arounds[ctx.role].policy for ctx in moving}
+        passed_before = sum(p.passed_tokens for p in policies.values())
+        tr = self.cfg.trust_region
+
+        def probes() -> dict[str, tuple[list[list[int]], list[list[int]]]]:  # one probe draw for the team
+            if not tr.enabled or tr.check != "probe":
+                return {}
+            episodes = self.heldout_episodes(stage, 1, "kl-probe")
+            return {r: contexts_of(episodes, self.speakers(r)) for r in policies}
+
+        result = joint_step(
+            batch,
+            list(policies),
+            policies,
+            {r: self.state.betas[r] for r in policies},
+            self.cfg,
+            minibatch_seed=derive_seed(self.cfg.seed, "minibatch", stage, 0, 1),
+            probe=probes,
+            on_epoch=lambda epoch, d: self.progress.epoch("team", epoch, self.cfg.optim.epochs, d),
+        )
+        self.state.train_pass_tokens += sum(p.passed_tokens for p in policies.values()) - passed_before
+        team = {"joint": result.to_dict()}
+        seconds = (time.perf_counter() - t0) / len(moving)  # the joint update's wall, shared by its records
+        logged: dict[str, LoggedUpdate] = {}
+        for n, ctx in enumerate(moving, start=1):
+            arounds[ctx.role].t0 = time.perf_counter() - seconds
+            logged[ctx.role] = self.log_update(
+                ctx, result.steps[ctx.role], arounds[ctx.role], team, checkpoint=n == len(moving)
+            )
+        return [logged.get(ctx.role) or skipped[ctx.role] for ctx in ctxs]
+
+
+@dataclass
+class AroundStep:
+    """What `LLMStageTeam.before_step` measured before a step, for its record."""
+
+    t0: float
+    policy: AdapterPolicy
+    versions_before: dict[str, int]
+    weights: np.ndarray | None  # importance weights of the batch's episodes (None: all 1)
+    stale_gap: StaleGap
+    heldout_kl: OutOfSampleKL
+    rollout_gaps: dict[str, dict[str, float]] | None
+
+
+def contexts_of(episodes: list[Trajectory], speakers: Speakers) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompts, completions) of the speakers' sampled turns in `episodes`: the contexts a probe holds."""
+    turns = [t for traj in episodes for t in traj.turns_of(speakers) if t.completion_ids]
+    return [t.prompt_ids for t in turns], [t.completion_ids for t in turns]
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:

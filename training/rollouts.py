@@ -68,13 +68,19 @@ class RoleMessages:
         )
 
 
+# whose turns an update trains on: one role, or the roles that speak with one shared adapter
+# (team.shared_adapter: every role of the team)
+Speakers = str | tuple[str, ...]
+
+
 def messages_of_role(
     batch: RolloutBatch,
-    role: str,
+    role: Speakers,
     advantages: Advantages,
     episode_weights: np.ndarray | None = None,
 ) -> RoleMessages:
-    """Every message of `role` in the kept episodes, with its episode's advantage and weight."""
+    """Every message of `role` (of any of the roles, for a tuple) in the kept episodes, in episode order,
+    with its episode's advantage and weight."""
     prompts, completions, episodes, behaviour = [], [], [], []
     for g, traj in enumerate(batch.trajectories):
         if not advantages.keep[g]:

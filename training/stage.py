@@ -20,7 +20,8 @@ The schedule is a parameter, not a copy per variant:
   naive                 one batch per stage, reused by every update (stale occupancy)
   resample_every=k      resample after every k updates (teamtr is k=1; naive is k>=n)
   importance_weighting  stale batch, reweighted towards pi^(i-1) by the team (logs ESS/B)
-  joint                 every agent updated at once from pi^0 on one batch
+  joint                 every agent updated at once from pi^0 on one batch: ONE objective over the team's
+                        trajectory ratios (training/joint_step.py), not n per-agent steps
   resample=suffix       teamtr's resample keeps each episode of the previous batch up to the first
                         message of a role updated since, and samples only the rest from the current
                         team (`SuffixResampling.resample_suffix`): the kept prefix is already a sample of

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -228,26 +229,52 @@ def optimise_inside_region(
     h = 1..line_search_steps, the first inside is kept and the update ends (the boundary is reached);
     none inside: theta_prev. A non-finite gradient ends the update before its step. Returns the check at
     the kept weights, the optimiser steps kept and why the update ended."""
-    tr = cfg.trust_region
     for group in policy.optimizer.param_groups:
         group["lr"] = cfg.optim.lr
     gen = torch.Generator().manual_seed(seed)
-    inside = RegionCheck(0.0, 0.0, 0.0, tr.delta)  # at pi_cur
+    return steps_inside_region(
+        policy,
+        region,
+        lambda: torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages),
+        lambda idx: penalised_gradient(policy, msgs.subset(idx), old_logp[idx], cfg, beta),
+        policy.optimizer,
+        cfg,
+        RegionCheck(0.0, 0.0, 0.0, cfg.trust_region.delta),  # at pi_cur
+        on_epoch,
+    )
+
+
+def steps_inside_region(
+    point: Any,
+    region: Any,
+    minibatches: Callable[[], Iterable[torch.Tensor]],
+    gradient: Callable[[torch.Tensor], torch.Tensor],
+    optimizer: Any,
+    cfg: TrainConfig,
+    inside: RegionCheck,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> tuple[RegionCheck, int, str]:
+    """The probe check's loop: `cfg.optim.epochs` epochs of `minibatches()`, each minibatch's `gradient(idx)`
+    (its norm before clipping returned) stepped by `optimizer`, `region.check()` after every step, a step
+    that would leave line-searched back (`line_search`) and the update ended there. `point` is what moves:
+    one role's `AdapterPolicy`, or every role's adapters at once (training/joint_step.py `JointPolicy`,
+    with its `TeamRegion`); `inside` is the check at pi_cur."""
+    tr = cfg.trust_region
     steps = 0
     for epoch in range(1, cfg.optim.epochs + 1):
-        for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
-            norm = penalised_gradient(policy, msgs.subset(idx), old_logp[idx], cfg, beta)
+        for idx in minibatches():
+            norm = gradient(idx)
             if not bool(torch.isfinite(norm)):  # a NaN / inf gradient never reaches the weights or AdamW
-                policy.optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
                 return inside, steps, "non_finite"
-            before = policy.weights()
-            policy.optimizer.step()
+            before = point.weights()
+            optimizer.step()
             check = region.check()
-            if policy.agree(float(check.inside)) > 0.5:
+            if point.agree(float(check.inside)) > 0.5:
                 inside, steps = check, steps + 1
                 continue
             # MONITOR: the step would leave the region: the longest inside fraction of it, then stop
-            kept = line_search(policy, region, before, inside, check, tr)
+            kept = line_search(point, region, before, inside, check, tr)
             if kept is not None:
                 return kept, steps + 1, "boundary"
             return inside, steps, "non_finite" if check.value != check.value else "boundary"
@@ -257,15 +284,16 @@ def optimise_inside_region(
 
 
 def line_search(
-    policy: AdapterPolicy,
-    region: ExactRegion,
-    before: dict[str, torch.Tensor],
+    policy: Any,
+    region: Any,
+    before: dict[Any, torch.Tensor],
     start: RegionCheck,
     end: RegionCheck,
     tr: TrustRegionConfig,
 ) -> RegionCheck | None:
     """theta_prev + a (theta_step - theta_prev) for the largest a in (0, 1) found inside the region, its
-    weights left in the adapter; None (theta_prev back in place) when no point tried is inside.
+    weights left in the adapter; None (theta_prev back in place) when no point tried is inside. `policy`:
+    an `AdapterPolicy`, or training/joint_step.py's `JointPolicy` (every adapter, one a) with its region.
 
     `bracket`: a bracket [lo, hi] with lo inside (0 at first) and hi outside (1); the next a interpolates
     sqrt(KL) between them (a KL about quadratic in the displacement makes sqrt(KL) about linear along the

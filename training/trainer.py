@@ -163,7 +163,7 @@ class Trainer:
         for stage in range(start_stage, cfg.stages):
             if cfg.max_rollout_tokens is not None and state.train_tokens >= cfg.max_rollout_tokens:
                 break
-            self._stage(team, [r.name for r in roles], stage, evaluate)
+            self._stage(team, list(team.units), stage, evaluate)  # the roles (one unit if they share an adapter)
         summary = self._on_main(lambda: run_summary(state, read_metrics(self.run_dir, kind="update")))
         metrics.log("run", state.step, **summary)
         metrics.close()
