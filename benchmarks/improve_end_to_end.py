@@ -48,17 +48,22 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # tests/adapter_fixtures.py
 
 OUT = HERE / "results" / "improve_end_to_end"
-# the condition's training reward and improve's extra arguments. `better` trains on the verifier (the
-# demo's training, the one known to gain), so only the training reward is left to judge it: allowed
-# explicitly, the records naming the judge "verifier (the training reward)". `worse` is judged by the
-# verifier, independent of its poisoned reward. `closeness` (partial credit) was the first `better`: on
-# seed 0 it did not gain (46.0% -> 46.8% on the fresh tasks), so it is kept as a cell of its own
+# the condition's training reward and improve's extra arguments (README.md says how they came to be).
+# `better` trains on the verifier as the demo does, its stages validated on 128 chain tasks (the demo's
+# eval.stage_episodes; improve turns it off by default) so that eval.keep_best undoes a stage that lost
+# beyond noise; only the training reward is left to judge it: allowed explicitly, the records naming the
+# judge "verifier (the training reward)". `worse` trains on a poisoned reward with improve's default (no
+# stage validation) and is judged by the verifier, independent of its reward. Kept as cells of their own,
+# both on seed 0 before `better` took its final form: `closeness` (partial credit, no validation) and
+# `verifier_last_stage` (the verifier, no validation)
 REWARDS = {
     "better": "verifier",
     "worse": "improve_end_to_end:wrong_sum",
     "closeness": "improve_end_to_end:closeness",
+    "verifier_last_stage": "verifier",
 }
-EXTRA = {"better": ["--allow-training-reward-judge"]}
+ALLOW = ["--allow-training-reward-judge"]
+EXTRA = {"better": [*ALLOW, "--set", "eval.stage_episodes=128"], "verifier_last_stage": ALLOW}
 TEAM = "chain"  # load_test.start_api_server serves the run as this team
 _INTEGER = re.compile(r"-?\d+")
 
