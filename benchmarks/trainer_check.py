@@ -24,10 +24,11 @@ from typing import Any
 # region checked on the batch's own sampled tokens per epoch, restore-and-halve backtracking, group-
 # normalised advantages, AdamW, no stage-level revert. The ablations switch one part of the default back.
 ARMS: dict[str, dict[str, Any]] = {
-    "default": {},  # probe check, max-direction KL, bracket line search, rloo, AdamW, keep_best
-    # the default until 2026-12-03 (the line search kept the first of 1/2, 1/4, ... of a step inside)
-    "halving": {"trust_region.line_search": "halving"},
+    "default": {},  # probe check, max-direction KL, halving line search, rloo, AdamW, keep_best
+    "halving": {"trust_region.line_search": "halving"},  # = default (its cells ran before the bracket trial)
+    "bracket": {"trust_region.line_search": "bracket"},  # tried as the default on 2026-12-03 (README)
     "radam_halving": {"optim.optimizer": "radam", "trust_region.line_search": "halving"},  # the pilot's start
+    "lr1e-3": {"optim.lr": 1e-3, "trust_region.line_search": "bracket"},  # more, smaller steps (exploratory)
     "before_2026_12": {
         "trust_region.check": "sampled",
         "loss.advantage": "group_normalised",

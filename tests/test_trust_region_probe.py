@@ -162,3 +162,53 @@ def test_keep_best_undoes_a_stage_below_the_best_beyond_noise(tiny_model, tmp_pa
     best.offer(0, {"accuracy": 0.5, "episodes": 100}, {})
     best.offer(3, {"accuracy": 0.7, "episodes": 100}, {})
     assert best.stage == 3 and not best.should_revert({"accuracy": 0.69, "episodes": 100})
+
+
+class _LinePolicy:
+    """One weight moved along a line, for the line search alone (training/teamtr_step.py `line_search`)."""
+
+    def __init__(self, w: float) -> None:
+        self.w = {"w": torch.tensor(w, dtype=torch.float64)}
+
+    def weights(self):
+        return {k: v.clone() for k, v in self.w.items()}
+
+    def load_weights(self, weights):
+        self.w = {k: v.clone() for k, v in weights.items()}
+
+    def agree(self, value: float) -> float:
+        return value
+
+
+class _LineRegion:
+    def __init__(self, policy: _LinePolicy, kl, delta: float) -> None:
+        self.policy, self.kl, self.delta = policy, kl, delta
+
+    def check(self):
+        from teamtr.training.trust_region import RegionCheck
+
+        v = self.kl(float(self.policy.w["w"]))
+        return RegionCheck(v, v, v, self.delta)
+
+
+@pytest.mark.parametrize("search", ["bracket", "halving"])
+def test_the_bracket_finds_an_inside_point_wherever_halving_does(search):
+    from teamtr.training.config import TrustRegionConfig
+    from teamtr.training.teamtr_step import line_search
+    from teamtr.training.trust_region import RegionCheck
+
+    delta = 0.05
+    tr = TrustRegionConfig(delta=delta, line_search=search)
+    # a KL that levels off just above delta along the line (a steep first step): inside only below a = 1/50,
+    # where interpolating sqrt(KL) alone would shrink the bracket by 10% a try and never get there
+    def kl(a):
+        return 0.055 * (1 - math.exp(-119.9 * a))
+
+    assert kl(1 / 64) < delta < kl(1 / 32) and kl(1.0) > delta
+    policy = _LinePolicy(1.0)  # the step ended at a = 1 (theta_prev at 0)
+    region = _LineRegion(policy, kl, delta)
+    kept = line_search(policy, region, {"w": torch.tensor(0.0, dtype=torch.float64)},
+                       RegionCheck(0, 0, 0, delta), region.check(), tr)  # fmt: skip
+    assert kept is not None and kept.inside and kept.value == kl(float(policy.w["w"]))
+    if search == "bracket":  # and at least as near the boundary as halving's 1/64
+        assert kept.value >= kl(1 / 64)

@@ -297,9 +297,11 @@ def line_search(
 
     `bracket`: a bracket [lo, hi] with lo inside (0 at first) and hi outside (1); the next a interpolates
     sqrt(KL) between them (a KL about quadratic in the displacement makes sqrt(KL) about linear along the
-    line) towards line_search_target * delta, kept within the bracket's middle 80%; an inside point raises
-    lo, an outside one lowers hi; it stops at the first inside point above 3/4 of the target or after
-    line_search_steps points. `halving`: a = 1/2, 1/4, ..., the first inside kept."""
+    line) towards line_search_target * delta, kept within [10%, 90%] of the bracket, and within its first
+    half until a point inside is found (so it closes in on the region at least as fast as halving where the
+    KL levels off along the line); an inside point raises lo, an outside one lowers hi; it stops at the first
+    inside point above 3/4 of the target or after line_search_steps points. `halving`: a = 1/2, 1/4, ...,
+    the first inside kept."""
     stepped = policy.weights()
     target = tr.line_search_target * tr.delta
     lo, hi, v_lo, v_hi = 0.0, 1.0, start.value, end.value
@@ -309,7 +311,7 @@ def line_search(
             a = 0.5**h
         elif math.isfinite(v_hi) and v_hi > v_lo:
             frac = (math.sqrt(target) - math.sqrt(max(v_lo, 0.0))) / (math.sqrt(v_hi) - math.sqrt(max(v_lo, 0.0)))
-            a = lo + (hi - lo) * min(max(frac, 0.1), 0.9)
+            a = lo + (hi - lo) * min(max(frac, 0.1), 0.9 if best is not None else 0.5)
         else:  # a non-finite end (or a KL that did not grow): bisect
             a = (lo + hi) / 2
         policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
