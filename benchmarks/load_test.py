@@ -196,9 +196,16 @@ def start_api_server(
 
 
 async def api_round(
-    http: httpx.AsyncClient, tasks: list[str], clients: int, pushes: list[list[tuple[str, int, Path]]]
+    http: httpx.AsyncClient,
+    tasks: list[str],
+    clients: int,
+    pushes: list[list[tuple[str, int, Path]]],
+    on_answer: Callable[[dict], None] | None = None,
+    after_swaps: Callable[[Phase], Awaitable[None]] | None = None,
 ) -> Phase:
-    """`clients` concurrent HTTP clients; `pushes` promoted through POST /admin/adapters during the round."""
+    """`clients` concurrent HTTP clients; `pushes` promoted through POST /admin/adapters during the round.
+    `on_answer` gets every 200 answer's body; `after_swaps` runs once the last push is done
+    (benchmarks/replicas_load.py: a rollback)."""
     phase, done, queue = Phase("api"), [0], list(tasks)
     points = swap_points(len(tasks), len(pushes))
 
@@ -216,6 +223,8 @@ async def api_round(
                 else:
                     phase.latencies_s.append(time.perf_counter() - t0)
                     phase.versions_seen.update(r.json()["teamtr"]["adapter_versions"].values())
+                    if on_answer is not None:
+                        on_answer(r.json())
             except httpx.HTTPError as e:
                 phase.failures.append(f"{type(e).__name__}: {e}")
             done[0] += 1
@@ -233,6 +242,8 @@ async def api_round(
                 if r.status_code != 200:
                     phase.failures.append(f"swap {role} v{version}: {r.status_code} {r.text[:200]}")
             phase.swaps_done += 1
+        if after_swaps is not None:
+            await after_swaps(phase)
 
     t0 = time.perf_counter()
     await asyncio.gather(swapper(), *(worker() for _ in range(clients)))

@@ -8,8 +8,11 @@ Why each line (what the replicas' guarantees rest on):
   while it is up (its thread state is then in that replica's connection pool and the engine's prefix
   cache); any replica can serve it (the state is in the shared store), and when one goes down only its
   conversations move. A request without the header is balanced round-robin.
-- `option httpchk GET /health/live` every 500 ms, one failure takes a replica out: a SIGKILLed replica
-  is out within a second.
+- `option httpchk GET /health/live` every second, 3 failures (or a check that takes over 5 s) take a
+  replica out: a replica busy decoding may answer a check late, and taking it out for that sent every
+  request to the other one, or with both out answered 503 to all (seen at 32 clients on 2 cores with
+  one failure and the 500 ms default check timeout). A SIGKILLed replica is out at once anyway:
+  `observe layer4` marks it down on the first connection a real request could not make.
 - `retry-on conn-failure empty-response` with `option redispatch`: a request whose connection a dead
   replica refused, or which it died on before answering a byte, is sent again to another replica (the
   request is buffered whole first: `http-buffer-request`). The one it was in flight on may have run it;
@@ -17,7 +20,9 @@ Why each line (what the replicas' guarantees rest on):
   messages: serving/chat_messages.py `known_in_thread`), so the conversation gets it once. Without the
   `empty-response` retry HAProxy closes the client's keep-alive connection silently (the HTTP/1.1 way of
   asking the client to retry), which clients see as a dropped connection. A request the balancer cannot
-  retry (3 tries, or a body over its buffer) gets 503.
+  retry (3 tries, or a body over its buffer) gets 503. A stream (`stream: true`) whose replica dies after
+  its first chunk cannot be resent by the balancer: it ends without `data: [DONE]`, and the client resends
+  the exchange as after any dropped stream.
 - `errorfile 502/503/504`: what the balancer itself answers is a 503 in the OpenAI error shape with
   Retry-After, as the API's own overload answers are (serving/errors.py), so a client retries it.
 - timeouts: `timeout server` above the API's longest request deadline (request_timeout_s, 600 s).
@@ -90,7 +95,8 @@ backend replicas
     balance hdr(X-Conversation-Id)
     hash-type consistent sdbm avalanche
     option httpchk GET /health/live
-    default-server inter 500ms fall 1 rise 2
+    timeout check 5s
+    default-server inter 1s fall 3 rise 2 observe layer4 error-limit 1 on-error mark-down
 {servers}
 """
 
