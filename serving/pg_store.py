@@ -67,11 +67,16 @@ class PgStore:
     them. Safe to use from any thread (the pool hands each caller its own connection)."""
 
     def __init__(self, url: str, max_size: int = 8) -> None:
+        import psycopg
         from psycopg_pool import ConnectionPool
 
         if not is_database_url(url):
             raise StoreError(f"--db must be a postgresql:// URL, got {url!r}")
         self.url = url
+        try:  # one plain connection first: a refused or rejected one is reported now, with the reason
+            psycopg.connect(url, connect_timeout=10).close()
+        except psycopg.Error as e:
+            raise StoreError(f"cannot connect to the shared store {redacted(url)}: {e}") from None
         self._pool = ConnectionPool(
             url, min_size=1, max_size=max_size, kwargs={"autocommit": True}, open=False, name="teamtr-store"
         )

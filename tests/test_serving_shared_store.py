@@ -21,7 +21,10 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from teamtr.cli.main import app
+from teamtr.serving.engines.vllm_server import free_port
+from teamtr.serving.pg_store import PgStore, StoreError
 from teamtr.serving.served_episodes import served_episodes
+from teamtr.serving.server import ServeConfig
 from teamtr.serving.tracing import trajectories_from_store
 
 ADMIN = {"Authorization": "Bearer adm"}
@@ -57,6 +60,15 @@ def test_two_replicas_on_one_vllm_server_share_them_too(vllm_server, vllm_model_
     it under the same name; a version one replica unloads (idle there) while the other still serves it
     is loaded again by the other on its 404 (serving/engines/vllm_engine.py `restore_adapters`)."""
     check_two_replicas(vllm_model_dir, tmp_path, db, "--vllm-url", vllm_server.url)
+
+
+def test_a_store_that_is_not_a_database_or_out_of_reach_is_refused_naming_it(tiny_model_dir, tmp_path):
+    run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
+    with pytest.raises(ValueError, match=r"db must be a postgresql:// URL .*'conversations\.db'"):
+        ServeConfig.from_run_dir(run, "chain", db="conversations.db")
+    with pytest.raises(StoreError, match=r"cannot connect to the shared store postgresql://teamtr@127\.0\.0\.1:") as e:
+        PgStore(f"postgresql://teamtr:secret@127.0.0.1:{free_port()}/postgres")  # nothing listens there
+    assert "secret" not in str(e.value)  # the password is never in a message
 
 
 def check_two_replicas(model_dir, tmp_path, db, *engine: str) -> None:
