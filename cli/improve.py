@@ -29,7 +29,10 @@ def improve(
     admin_key: str = typer.Option(None, envvar="TEAMTR_ADMIN_KEY", help="the server's admin key"),
     team: str = typer.Option(None, help="the served team (default: the run directory's name)"),
     work_dir: Path = typer.Option(None, help="state, improve runs, promotion log (default RUN_DIR/improve)"),
-    traces: Path = typer.Option(None, help="read served episodes from this traces.db instead of the API"),
+    # a str, not a Path: a postgresql:// URL (the replicas' shared store) must keep its double slash
+    traces: str = typer.Option(
+        None, help="read served episodes from this traces.db or postgresql:// store instead of the API"
+    ),
     last: int = typer.Option(None, help="learn from the newest N served episodes"),
     since_s: float = typer.Option(None, help="... or from those of the last S seconds"),
     held_out: float = typer.Option(0.25, help="share of the newest distinct prompts held out for the gate"),
@@ -89,7 +92,7 @@ def improve(
         team=team or run_dir.resolve().name,
         url=url,
         admin_key=admin_key,
-        traces=str(traces) if traces else None,
+        traces=traces or None,
         last=last,
         since_s=since_s,
         held_out_fraction=held_out,
