@@ -398,14 +398,17 @@ def report(cells: list[dict[str, Any]]) -> str:
         )
     better = [c for c in cells if c["condition"] == "better"]
     worse = [c for c in cells if c["condition"] == "worse"]
-    promoted_better = sum(c["decision"] == "promoted" and c["fresh"]["truly"] == "better" for c in better)
+    truly_better = [c for c in better if c["fresh"]["truly"] == "better"]
+    promoted_better = sum(c["decision"] == "promoted" for c in truly_better)
     promoted_worse = sum(c["decision"] == "promoted" for c in worse)
+    gains = ", ".join(f"{c['fresh']['candidate'] - c['fresh']['incumbent']:+.3f}" for c in better)
     failed = sum(c["failed_requests"] for c in cells)
     rows.append("")
     rows.append(
-        f"better: {promoted_better} of {len(better)} cells promoted a candidate truly better on the fresh tasks "
-        f"(rule: >= 4 of 5); worse: {promoted_worse} of {len(worse)} promoted (rule: 0); "
-        f"failed requests {failed} of {sum(c['requests'] for c in cells)}"
+        f"better: {len(truly_better)} of {len(better)} candidates truly better on the fresh tasks (gains {gains}), "
+        f"{promoted_better} of them promoted (rule: a truly better candidate promoted in >= 4 of 5 seeds); "
+        f"worse: {promoted_worse} of {len(worse)} promoted (rule: 0); failed requests {failed} of "
+        f"{sum(c['requests'] for c in cells)}"
     )
     return "\n".join(rows)
 
