@@ -390,8 +390,14 @@ def report(cells: list[dict[str, Any]]) -> str:
             if k.get("pairs")
             else "-"
         )
+        why = [
+            "sign test" if "not shown" in r else "KL " + r.split(":")[0].removeprefix("role ")
+            for r in (g.get("reasons") or [])
+            if c["decision"] == "refused"
+        ]
+        decision = f"**{c['decision']}**" + (f" ({', '.join(why)})" if why else "")
         rows.append(
-            f"| {c['seed']} | {c['condition']} | **{c['decision']}** | {f['incumbent']:.1%} -> {f['candidate']:.1%} "
+            f"| {c['seed']} | {c['condition']} | {decision} | {f['incumbent']:.1%} -> {f['candidate']:.1%} "
             f"({f['truly']}) | {gate} | {canary} | {c['window']['requests']} + {k['requests_served']} "
             f"| {m['train']} / {m['gate']} / {m['canary'] if m['canary'] is not None else '-'} "
             f"| {c['seconds'] / 60:.1f} |"
