@@ -31,6 +31,7 @@ ROOT = Path("benchmarks/results/trainer_check")
 ABLATIONS: dict[str, dict[str, Any]] = {
     "sampled_check": {"trust_region.check": "sampled"},  # items 1-2: k3 on the batch's tokens, per epoch
     "group_normalised": {"loss.advantage": "group_normalised"},  # item 3: the std-normalised baseline
+    "no_stratify": {"rollout.stratify": False},  # item 4: B independent prompts (not balanced over values)
     "no_keep_best": {"eval.keep_best": False},  # item 5: no stage-level revert
     "credit_prefix": {"loss.credit": "prefix"},  # item 3's option (not an ablation): credit from the prefix
 }
