@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,33 @@ def _final_adapters(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
+def _kill_then_resume(script: Path, config: Path, ready: Callable[[str], bool]) -> None:
+    """Run `script config`, SIGKILL it as soon as ready(its metrics.jsonl text) holds, then rerun it to the
+    end (the run resumes from its last checkpoint)."""
+    metrics = Path(TrainConfig.from_yaml(config).run_dir) / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, str(script), str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and ready(metrics.read_text()):
+            break
+        time.sleep(0.02)
+    killed_mid_run = proc.poll() is None
+    if killed_mid_run:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert killed_mid_run, "the run finished before it could be killed"
+    _run_to_completion(script, config)
+
+
+def _assert_same_adapters(reference: Path, resumed: Path) -> None:
+    ref, res = _final_adapters(reference), _final_adapters(resumed)
+    assert ref.keys() == res.keys()
+    for name in ref:
+        for k in ref[name]:
+            assert torch.equal(ref[name][k], res[name][k]), f"{name} {k}"
+
+
 def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
     script = tmp_path / "runner.py"
     script.write_text(RUNNER.format(fixtures=RUNNER_IMPORT))
@@ -209,26 +237,8 @@ def test_kill_9_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
     train(ref_cfg)  # uninterrupted, in this process
 
     # run, SIGKILL it once it has completed two updates (mid-stage 0 or later), rerun the same command
-    metrics = tmp_path / "interrupted" / "metrics.jsonl"
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "interrupted.yaml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and metrics.read_text().count('"kind": "update"') >= 2:
-            break
-        time.sleep(0.05)
-    killed_mid_run = proc.poll() is None
-    if killed_mid_run:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert killed_mid_run, "the run finished before it could be killed"
-    _run_to_completion(script, tmp_path / "interrupted.yaml")
-
-    ref, resumed = _final_adapters(tmp_path / "reference"), _final_adapters(tmp_path / "interrupted")
-    assert ref.keys() == resumed.keys()
-    for name in ref:
-        for k in ref[name]:
-            assert torch.equal(ref[name][k], resumed[name][k]), f"{name} {k}"
+    _kill_then_resume(script, tmp_path / "interrupted.yaml", lambda log: log.count('"kind": "update"') >= 2)
+    _assert_same_adapters(tmp_path / "reference", tmp_path / "interrupted")
     assert [r["d_hat"] for r in read_metrics(tmp_path / "reference", "update")] == [
         r["d_hat"] for r in read_metrics(tmp_path / "interrupted", "update")
     ]
@@ -262,26 +272,8 @@ def test_kill_9_after_a_revert_then_resume_gives_bit_identical_adapters(tiny_mod
     _run_to_completion(script, tmp_path / "reference.yaml")
 
     # SIGKILL the run as soon as stage 2's revert is logged (before or after its checkpoint), then resume
-    metrics = tmp_path / "interrupted" / "metrics.jsonl"
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "interrupted.yaml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and '"kind": "revert"' in metrics.read_text():
-            break
-        time.sleep(0.02)
-    killed_mid_run = proc.poll() is None
-    if killed_mid_run:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert killed_mid_run, "the run finished before it could be killed"
-    _run_to_completion(script, tmp_path / "interrupted.yaml")
-
-    ref, resumed = _final_adapters(tmp_path / "reference"), _final_adapters(tmp_path / "interrupted")
-    assert ref.keys() == resumed.keys()
-    for name in ref:
-        for k in ref[name]:
-            assert torch.equal(ref[name][k], resumed[name][k]), f"{name} {k}"
+    _kill_then_resume(script, tmp_path / "interrupted.yaml", lambda log: '"kind": "revert"' in log)
+    _assert_same_adapters(tmp_path / "reference", tmp_path / "interrupted")
     # every record but wall times and the instruments that read the engine's sampling-time log-probs (their
     # last bits depend on which sequences the engine happened to batch together, in any run)
     timing = ("seconds", "logprob_gap", "logprob_gap_max", "occupancy_divergence")
