@@ -303,6 +303,10 @@ def line_search(
     inside point above 3/4 of the target or after line_search_steps points. `halving`: a = 1/2, 1/4, ...,
     the first inside kept."""
     stepped = policy.weights()
+
+    def move_to(a: float) -> None:  # theta_prev + a (theta_step - theta_prev)
+        policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
+
     target = tr.line_search_target * tr.delta
     lo, hi, v_lo, v_hi = 0.0, 1.0, start.value, end.value
     best: tuple[float, RegionCheck] | None = None
@@ -314,7 +318,7 @@ def line_search(
             a = lo + (hi - lo) * min(max(frac, 0.1), 0.9 if best is not None else 0.5)
         else:  # a non-finite end (or a KL that did not grow): bisect
             a = (lo + hi) / 2
-        policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
+        move_to(a)
         check = region.check()
         if policy.agree(float(check.inside)) > 0.5:
             best = (a, check)
@@ -327,7 +331,7 @@ def line_search(
         policy.load_weights(before)
         return None
     a, check = best
-    policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
+    move_to(a)
     return check
 
 
