@@ -47,7 +47,7 @@ from serving_fixtures import serve_in_background
 from teamtr.graphs.run_layout import read_records
 from teamtr.serving.admin_client import AdminClient
 from teamtr.serving.server import ServeConfig
-from teamtr.training.improve.stats import confidence_sequence
+from teamtr.training.improve.stats import gate_test
 
 TESTS = Path(__file__).parent
 FAMILY = LowStart()
@@ -325,7 +325,9 @@ def test_bad_candidates_are_refused_or_rolled_back(monkeypatch, served):
 OWN = OwnAnswers()
 # 96 distinct prompts served, half held out for the gate: 48 paired per-prompt differences
 OWN_TRAIN = [t.prompt for t in OWN.generate(96, seed=11)]
-HELD_OUT = [t.prompt for t in OWN.generate(64, seed=23)]  # never served before the first measurement
+# never served before the first measurement; 128 so that a gain of the size one round gives (about 8% of
+# prompts, none lost) passes the exact sign test with room: 10 wins, 0 losses has p = 0.001
+HELD_OUT = [t.prompt for t in OWN.generate(128, seed=23)]
 CONFIDENCE = 0.95
 
 
@@ -352,8 +354,8 @@ def test_improve_promotes_a_better_team_on_its_first_run(served_own):
     OwnAnswers and wrong on others, one `teamtr improve` with the default gate (superiority at 95% on 48
     held-out prompts' own answers, judged by the verifier it was not trained on) and canary (sequential,
     judged by the client's per-prompt feedback) trains on a proxy reward, gates, canaries and promotes;
-    the served team's accuracy on 64 never-served prompts, measured through the API before and after,
-    rises beyond the 95% lower bound of the per-prompt gain."""
+    the served team's accuracy on 128 never-served prompts, measured through the API before and after,
+    rises by the exact one-sided sign test at 95%, paired by prompt."""
     run, server, traffic = served_own
     work = run / "improve"
     before = held_out_accuracy(traffic)  # served first, so the improve window (--last 96) excludes them
@@ -365,12 +367,12 @@ def test_improve_promotes_a_better_team_on_its_first_run(served_own):
     traffic.thread.join(120)
     assert out.strip().endswith("promoted"), out[-3000:]
     after = held_out_accuracy(traffic)
-    gains = [a - b for a, b in zip(after, before, strict=True)]
-    bound = confidence_sequence(gains, -1, 1, alpha=1 - CONFIDENCE, sides=1)
+    # one look at a fixed set of prompts, paired by prompt: the exact sign test the gate itself uses
+    test = gate_test(after, before, 0.0, 1.0, CONFIDENCE)
     report = f"held-out accuracy {np.mean(before):.3f} -> {np.mean(after):.3f}"
-    report += f" ({gains.count(1.0)} prompts gained, {gains.count(-1.0)} lost)"
-    print(report, f"lower bound {bound.lower:.3f}")  # for docs/improve.md (pytest -s)
-    assert bound.lower > 0, f"{report}, lower {CONFIDENCE} bound {bound.lower:.3f}"
+    report += f" ({test.wins} prompts gained, {test.losses} lost, one-sided p {test.p_value:.4f})"
+    print(report)  # for docs/improve.md (pytest -s)
+    assert test.passed, report
 
     records = read_records(work / "decisions.jsonl")
     gate, promoted = records[0]["figures"], records[-1]
