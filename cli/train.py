@@ -90,6 +90,11 @@ def held_out_note(cfg: Any) -> str | None:
     then drawn from the tasks it trains on (docs/graphs.md, task.eval_data)."""
     if cfg.task.data is None or cfg.task.eval_data is not None or not cfg.eval.stage_episodes:
         return None
+    if not cfg.task.data.endswith((".jsonl", ".json")):
+        from teamtr.graphs.user_graph import DataFamily, data_family
+
+        if not isinstance(data_family(cfg.task.data, cfg.task.name), DataFamily):
+            return None  # a generator (`module:function` returning a TaskFamily): held out by task.eval_seed
     return (
         f"note: task.data {cfg.task.data} and no task.eval_data: the held-out return is drawn from the "
         "training tasks, so it is not held out; name a file of held-out tasks as task.eval_data"

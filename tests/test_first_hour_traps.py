@@ -275,3 +275,5 @@ def test_a_data_run_without_held_out_tasks_is_told_so():
     assert "not held out" in held_out_note(cfg) and "task.eval_data" in held_out_note(cfg)
     assert held_out_note(cfg.with_overrides({"task.eval_data": "held.jsonl"})) is None
     assert held_out_note(TrainConfig()) is None  # a task family: held-out prompts from task.eval_seed
+    generator = {"task": {"name": "sum_of_two", "data": "examples.smollm2_team:task_family"}}
+    assert held_out_note(TrainConfig.from_dict(generator)) is None  # the user's own generator: the same
