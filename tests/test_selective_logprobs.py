@@ -242,3 +242,41 @@ def test_policy_logp_is_the_same_whatever_the_budget(engine):
     )
     large = AdapterPolicy(engine, "r1", "base", params, torch.optim.AdamW(list(params.values())))
     torch.testing.assert_close(small.logp(msgs, grad=False), large.logp(msgs, grad=False), atol=1e-5, rtol=0)
+
+
+def test_loss_backward_pass_by_pass_gives_the_one_graph_gradient(engine, monkeypatch):
+    """A minibatch over several token-budget passes is backpropagated pass by pass (gradient caching):
+    no forward pass with a gradient holds more than its budget's messages, and the adapter's gradient
+    equals the one-graph gradient of a non-linear loss within 1e-5."""
+    params = engine.adapter_parameters("r1")
+    _, mask = pad([torch.zeros(len(c)) for c in COMPLETIONS])
+    m = len(PROMPTS)
+    weights = torch.linspace(0.5, 1.5, m)
+    msgs = RoleMessages(PROMPTS, COMPLETIONS, torch.arange(m), torch.zeros(m), weights, mask, mask.float())
+
+    def loss_of(logp):  # a ratio-like, non-linear function of every token's log-prob
+        return ((logp.exp() - 1.0) ** 2 * mask).sum(-1).mul(weights).mean() - (logp * mask).sum() / 7
+
+    def gradient(token_budget):
+        policy = AdapterPolicy(
+            engine, "r1", "base", params, torch.optim.AdamW(list(params.values())), token_budget=token_budget
+        )
+        policy.optimizer.zero_grad(set_to_none=True)
+        loss = policy.loss_backward(msgs, loss_of)
+        return loss, {k: p.grad.clone() for k, p in params.items() if p.grad is not None}
+
+    passes: list[tuple[int, bool]] = []
+    real = engine.token_logprobs
+    monkeypatch.setattr(
+        engine, "token_logprobs", lambda p, *a: passes.append((len(p), torch.is_grad_enabled())) or real(p, *a)
+    )
+    one_loss, one_graph = gradient(10**9)
+    assert passes == [(3, True)]
+    passes.clear()
+    by_pass_loss, by_pass = gradient(10)  # each message (8-10 tokens) a pass of its own
+    assert passes == [(1, False)] * 3 + [(1, True)] * 3  # log-probs without a gradient, then pass by pass
+    torch.testing.assert_close(by_pass_loss, one_loss, atol=1e-6, rtol=0)
+    assert one_graph.keys() == by_pass.keys() and one_graph
+    for k, g in one_graph.items():
+        assert g.abs().sum() > 0
+        torch.testing.assert_close(by_pass[k], g, atol=1e-5, rtol=0)

@@ -140,8 +140,9 @@ class OptimConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     # log-prob passes (training/policy.py): at most this many padded prompt + completion tokens per forward
-    # pass (messages x the longest among them, at most 64 messages); activations grow with it. 16,384 keeps
-    # 64 messages per pass on the small models, 16 at 1,024 tokens
+    # pass (messages x the longest among them, at most 64 messages); activations grow with it, not with the
+    # minibatch (one spanning several passes is backpropagated pass by pass). 16,384 keeps 64 messages per
+    # pass on the small models, 16 at 1,024 tokens
     logprob_token_budget: int = Field(16_384, ge=1)
     # recompute the model body's activations in the backward pass instead of keeping them (about a third
     # more compute): for large models (docs/models.md, "The GPU path")

@@ -284,8 +284,9 @@ def team_gradient(
 
     The objective is a function of every role's log-probs; its gradient reaches role j's adapter through
     j's own log-probs only (chain rule): first d objective / d log pi_j at the current weights, then one
-    backward pass per role through that role's forward pass with its adapter active. One role's graph is
-    held at a time, and a pass recomputed in the backward (gradient checkpointing) sees its own adapter."""
+    backward pass per role through that role's forward passes with its adapter active. One token-budget
+    pass of one role is held at a time, and a pass recomputed in the backward (gradient checkpointing)
+    sees its own adapter."""
     tr = cfg.trust_region
     mb = {r: m.subset(torch.nonzero(torch.isin(m.episode, idx)).flatten()) for r, m in msgs.items()}
     old = {r: old_logp[r][torch.isin(msgs[r].episode, idx)] for r in msgs}
@@ -300,7 +301,7 @@ def team_gradient(
     (-(sur.objective - penalty)).backward()  # d(-objective) / d log pi_j for every role j
     for r, policy in team.policies.items():
         if len(mb[r]) and logp[r].grad is not None:
-            policy.logp(mb[r], grad=True).backward(logp[r].grad)
+            policy.backward(mb[r], logp[r].grad)  # one token-budget pass's activations at a time
             policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
     params = [w for p in team.policies.values() for w in p.params.values()]
     return torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)

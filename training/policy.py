@@ -100,6 +100,43 @@ class AdapterPolicy:
                 )
         return out
 
+    def backward(self, msgs: RoleMessages, upstream: torch.Tensor) -> None:
+        """Backpropagate `upstream` = d loss / d log pi of msgs' completion tokens ([M, T], as `logp`
+        returns them) into the adapter's .grad, one `budget_chunks` pass at a time: each pass's graph is
+        freed by its own backward, so the activations held are one pass's, never the minibatch's. Data
+        parallel: this rank's share of the messages (its rows of `upstream`); `sync_gradients` sums."""
+        self.passed_tokens += pass_tokens(msgs.prompts, msgs.completions)
+        start, end = (0, len(msgs)) if self.data_parallel is None else self.data_parallel.shard(len(msgs))
+        prompts, completions = msgs.prompts[start:end], msgs.completions[start:end]
+        lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
+        with torch.enable_grad(), self._autocast():
+            for s, e in budget_chunks(lengths, self.token_budget):
+                rows = self.engine.token_logprobs(
+                    prompts[s:e], completions[s:e], self.adapter, self.base, self.temperature
+                )
+                values = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+                torch.autograd.backward(values, upstream[start + s : start + e, : values.shape[1]])
+
+    def loss_backward(
+        self, msgs: RoleMessages, loss_of: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """loss_of(log pi of msgs [M, T]) backpropagated into the adapter's .grad; returns the loss.
+
+        Messages that fit in one forward pass: one pass with a gradient, one backward. More than one pass:
+        gradient caching, so memory follows `token_budget` and not the minibatch: the log-probs first
+        without a gradient, d loss / d log-probs on them (the loss is cheap), then `backward` pass by pass.
+        Exact by the chain rule (no dropout in the adapters); the price is one more forward pass."""
+        lengths = [len(p) + len(c) for p, c in zip(msgs.prompts, msgs.completions, strict=True)]
+        if len(budget_chunks(lengths, self.token_budget)) <= 1:
+            loss = loss_of(self.logp(msgs, grad=True))
+            loss.backward()
+            return loss.detach()
+        logp = self.logp(msgs, grad=False).requires_grad_()
+        loss = loss_of(logp)
+        loss.backward()
+        self.backward(msgs, logp.grad)
+        return loss.detach()
+
     def _autocast(self) -> AbstractContextManager:
         device = next(self.engine.model(self.base).parameters()).device
         if self.bf16_autocast and device.type == "cuda":

@@ -411,12 +411,14 @@ def penalised_gradient(
     """The clipped gradient of -(eq. 10) on one minibatch in the adapter's .grad; returns its norm before
     clipping (non-finite when the loss or the gradient is)."""
     tr = cfg.trust_region
-    new_logp = policy.logp(mb, grad=True)
-    sur = surrogate(new_logp, old_logp, mb, cfg.loss)
-    kl = kl_estimates(new_logp, old_logp, mb.mask, mb.weight)
-    loss = penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)  # -(eq. 10)
+
+    def loss_of(new_logp: torch.Tensor) -> torch.Tensor:  # -(eq. 10)
+        sur = surrogate(new_logp, old_logp, mb, cfg.loss)
+        kl = kl_estimates(new_logp, old_logp, mb.mask, mb.weight)
+        return penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)
+
     policy.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    policy.loss_backward(mb, loss_of)  # one token-budget pass's activations at a time
     policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
     return torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
 
