@@ -268,7 +268,9 @@ def test_loss_backward_pass_by_pass_gives_the_one_graph_gradient(engine, monkeyp
     passes: list[tuple[int, bool]] = []
     real = engine.token_logprobs
     monkeypatch.setattr(
-        engine, "token_logprobs", lambda p, *a: passes.append((len(p), torch.is_grad_enabled())) or real(p, *a)
+        engine,
+        "token_logprobs",
+        lambda p, *a: passes.append((len(p), torch.is_grad_enabled())) or real(p, *a),
     )
     one_loss, one_graph = gradient(10**9)
     assert passes == [(3, True)]
