@@ -60,7 +60,9 @@ def improve(
     non_inferiority: float = typer.Option(
         None, help="gate: pass a candidate not worse than this margin (instead of shown better)"
     ),
-    kl_limit: float = typer.Option(None, help="gate: per-role KL to the incumbent (default delta x stages)"),
+    kl_limit: float = typer.Option(
+        None, help="gate: per-role KL to the incumbent (default delta x stages^2: the trust region's reach)"
+    ),
     canary_share: float = typer.Option(0.5, help="share of new episodes the candidate serves"),
     canary_episodes: int = typer.Option(1000, help="canary: the cap, in pairs; not shown better by then: roll back"),
     canary_min_episodes: int = typer.Option(0, help="canary: episodes before its first look"),

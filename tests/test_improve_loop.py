@@ -381,7 +381,7 @@ def test_improve_promotes_a_better_team_on_its_first_run(served_own):
     assert records[0]["event"] == "gate" and promoted["event"] == "promoted"
     assert gate["test"] == "superiority" and gate["lower_bound"] > 0 and gate["judge"] == "verifier"
     assert gate["prompts"] == 48 and 0 < gate["incumbent_reward"] < 1  # per-prompt: some right, some not
-    kl_limit = STRONG_DELTA * STRONG_STAGES  # the default KL limit: delta x stages
+    kl_limit = STRONG_DELTA * STRONG_STAGES**2  # the default KL limit: the trust region's reach
     assert gate["kl_limit"] == kl_limit and max(gate["kl"].values()) <= kl_limit
     assert promoted["figures"]["judge"] == "feedback" and promoted["figures"]["lower_bound"] > 0
     assert promoted["reason"].startswith("shown better")

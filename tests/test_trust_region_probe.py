@@ -86,6 +86,35 @@ def test_the_line_search_never_keeps_an_iterate_beyond_delta_on_its_probe(tiny_m
         assert record["d_hat"] >= 0.75 * 0.9 * delta, record["d_hat"]
 
 
+def test_extrapolation_scales_a_short_update_towards_delta_and_stays_inside(tiny_model, tmp_path):
+    """trust_region.extrapolate: an update whose epochs end well inside (RAdam's first steps at a small lr)
+    is scaled along its displacement towards line_search_target * delta; the point kept is inside on the
+    probe (brute-force KL) and farther than the unscaled end."""
+    delta = 0.02
+    records, kls = {}, {}
+    for extrapolate in (False, True):
+        cfg = small_config(
+            tiny_model, tmp_path / f"run-{extrapolate}",
+            **{"optim.lr": 1e-2, "optim.epochs": 2, "optim.optimizer": "radam", "trust_region.delta": delta,
+               "trust_region.probe_episodes": 6, "trust_region.extrapolate": extrapolate},
+        )  # fmt: skip
+        team = stage_team(cfg, tiny_model)
+        engine, policy = team.engine, team.policies["adder1"]
+        batch = team.rollout(0, 0)
+        ctx = UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)
+        probe = team.probe_contexts(ctx)
+        start = policy.weights()
+        records[extrapolate] = team.update(ctx).record
+        kls[extrapolate] = float(np.mean(brute_force_kl(engine, "adder1", *probe, start, policy.weights(), "max")))
+    short, scaled = records[False], records[True]
+    assert short["accepted"] and short["stop"] == "epochs" and short["d_hat"] < 0.3 * delta, short
+    assert scaled["accepted"] and scaled["stop"] == "extrapolated", scaled
+    assert scaled["kl_probe"] == pytest.approx(kls[True], rel=1e-3, abs=1e-7)
+    assert kls[True] <= scaled["kl_probe_ucb"] <= delta
+    # here 0.08 delta scaled to 0.81 delta (aimed at 0.9: the KL is close to quadratic along the line)
+    assert kls[True] > 2 * kls[False] and scaled["d_hat"] >= 0.5 * delta
+
+
 def batch_prompts(batch):
     return [t.prompt_ids for traj in batch.trajectories for t in traj.turns_of("adder1") if t.completion_ids]
 

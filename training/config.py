@@ -198,8 +198,14 @@ class TrustRegionConfig(_Strict):
     # halving's were +13.7 / +14.7 / +9.0, and 11% of its updates ended beyond delta out of sample
     # (benchmarks/results/trainer_check/README.md)
     line_search: Literal["bracket", "halving"] = "halving"
-    line_search_target: float = Field(0.9, gt=0, le=1)  # bracket: the KL aimed at, in units of delta
+    line_search_target: float = Field(0.9, gt=0, le=1)  # bracket, extrapolate: the KL aimed at, in delta
     line_search_steps: int = Field(6, ge=0)  # points of the last step tried before stopping at pi_prev
+    # probe check: an update whose epochs all ended inside has its whole displacement from pi_cur scaled by
+    # s = sqrt(line_search_target * delta / KL) (KL about quadratic in it), at most `extrapolate_max`, then
+    # line-searched back towards the unscaled end if the scaled point is outside: the step's length is set
+    # by the KL, not by the lr (TRPO's step along the optimiser's direction). Off: the lr sets it
+    extrapolate: bool = False
+    extrapolate_max: float = Field(8.0, gt=1)
     # Held-out KL check (measured, never enforced: a set independent of batch and probe): before each
     # update, this many held-out episodes of the current team (own prompts and seeds, never trained on);
     # after it, the exact KL per message of the updated role on them (`delta_eff`). 0 = off.

@@ -64,7 +64,7 @@ class JointResult:
     surrogate: Surrogate | None  # the team's clipped surrogate over episodes at the kept weights
     episodes: int  # episodes in the objective (kept by the advantage, with a message of some role)
     optimiser_steps: int
-    stop: str  # "epochs" (every step inside), "boundary" (line search), "non_finite", "no_signal"
+    stop: str  # "epochs" (every step inside), "boundary" (line search), "extrapolated", "non_finite", "no_signal"
 
     @property
     def accepted(self) -> bool:

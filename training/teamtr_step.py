@@ -76,7 +76,7 @@ class StepResult:
     no_signal: bool = False  # no message, or too few groups with reward spread: nothing optimised
     region_check: RegionCheck | None = None  # check = probe: the exact KLs at the accepted weights
     optimiser_steps: int = 0  # check = probe: optimiser steps kept (the last one possibly shortened)
-    stop: str = ""  # check = probe: "epochs" (all ran inside), "boundary" (line search), "non_finite"
+    stop: str = ""  # check = probe: "epochs" (all inside), "boundary" (line search), "extrapolated", "non_finite"
     probe_messages: int = 0  # check = probe: j's messages in the probe's held-out episodes
 
     @property
@@ -261,6 +261,7 @@ def steps_inside_region(
     with its `TeamRegion`); `inside` is the check at pi_cur."""
     tr = cfg.trust_region
     steps = 0
+    origin = point.weights() if tr.extrapolate else None  # pi_cur's weights: the displacement's start
     for epoch in range(1, cfg.optim.epochs + 1):
         for idx in minibatches():
             norm = gradient(idx)
@@ -280,7 +281,29 @@ def steps_inside_region(
             return inside, steps, "non_finite" if check.value != check.value else "boundary"
         if on_epoch is not None:
             on_epoch(epoch, inside.value)
+    scaled = extrapolate(point, region, origin, inside, tr) if origin is not None and steps else None
+    if scaled is not None:
+        return scaled, steps, "extrapolated"
     return inside, steps, "epochs"
+
+
+def extrapolate(
+    point: Any, region: Any, origin: dict[Any, torch.Tensor], end: RegionCheck, tr: TrustRegionConfig
+) -> RegionCheck | None:
+    """theta_cur + s (theta_end - theta_cur), s = sqrt(line_search_target * delta / KL_end) at most
+    `extrapolate_max` (KL about quadratic in the displacement); outside, the line search from theta_end
+    towards it. Returns the check at the point kept, None (theta_end in place) when none beyond it is."""
+    if not end.value > 0:
+        return None
+    scale = min(math.sqrt(tr.line_search_target * tr.delta / end.value), tr.extrapolate_max)
+    if scale <= 1.0:
+        return None
+    finish = point.weights()
+    point.load_weights({k: origin[k] + scale * (finish[k] - origin[k]) for k in origin})
+    check = region.check()
+    if point.agree(float(check.inside)) > 0.5:
+        return check
+    return line_search(point, region, finish, end, check, tr)
 
 
 def line_search(

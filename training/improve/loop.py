@@ -43,7 +43,7 @@ from teamtr.training.improve.data import (
     verifier_reward,
 )
 from teamtr.training.improve.feedback import FEEDBACK_FILE, collect_feedback, no_fresh_reward
-from teamtr.training.improve.gate import GateConfig, run_gate
+from teamtr.training.improve.gate import GateConfig, run_gate, trust_region_reach
 from teamtr.training.improve.judge import AUTO, FEEDBACK, Judges, resolve_judges
 from teamtr.training.improve.llm_judge import open_judge
 from teamtr.training.improve.stats import sizing
@@ -306,7 +306,7 @@ class ImproveLoop:
         cfg = TrainConfig.from_dict(state["train_config"])
         kl_limit = self.cfg.gate.kl_limit
         if kl_limit is None:
-            kl_limit = cfg.trust_region.delta * cfg.stages
+            kl_limit = trust_region_reach(cfg.trust_region.delta, cfg.stages)  # one update per role a stage
         result = run_gate(
             self.served,
             _incumbent(state),
