@@ -39,6 +39,13 @@ ARMS: dict[str, dict[str, Any]] = {
     "group_normalised": {"loss.advantage": "group_normalised"},
     "no_keep_best": {"eval.keep_best": False},
     "forward_kl": {"trust_region.direction": "forward"},
+    # the KL sets the length of every step (trust_region.extrapolate): RAdam's short steps scaled towards
+    # the boundary; the second with a larger probe aimed lower (README, rule of 2026-12-03 20:15 UTC)
+    "radam_extrapolate": {"optim.optimizer": "radam", "trust_region.extrapolate": True},
+    "radam_extrapolate_probe64": {
+        "optim.optimizer": "radam", "trust_region.extrapolate": True, "trust_region.probe_episodes": 64,
+        "trust_region.line_search_target": 0.7,
+    },
     "radam_lr1e-2_epochs4_halving": {
         "optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4, "trust_region.line_search": "halving",
     },
