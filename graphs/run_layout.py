@@ -77,11 +77,6 @@ def version_dirs(run_dir: str | Path, adapter: str) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def adapters_in_run(run_dir: str | Path) -> list[str]:
-    root = Path(run_dir) / ADAPTERS
-    return sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
-
-
 def run_of_version_dir(path: str | Path) -> tuple[Path, str] | None:
     """(run directory, adapter) when `path` is a run's `adapters/<adapter>/v<N>` directory, else None."""
     path = Path(path)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from teamtr.graphs.engine import DEFAULT_BASE, Engine
-from teamtr.graphs.run_layout import version_dirs, version_of
+from teamtr.graphs.run_layout import version_of
 from teamtr.serving.adapter_checks import (
     AdapterError,
     AdapterSignature,
@@ -199,14 +199,6 @@ class AdapterRegistry:
                 self.swaps[adapter] += 1
                 await self._unload_if_idle(previous)
             return entry
-
-    async def push_latest(self, run_dir: str | Path, adapter: str) -> AdapterVersion:
-        """Promote the newest `RUN_DIR/adapters/<adapter>/v<N>` directory."""
-        found = version_dirs(run_dir, adapter)
-        if not found:
-            raise AdapterError(f"{run_dir}: no saved versions under adapters/{adapter}/v<N>/")
-        version, path = found[-1]
-        return await self.push(adapter, path, version)
 
     async def rollback(self, adapter: str) -> AdapterVersion:
         """Retire the current version; the previously promoted one serves new episodes again."""

@@ -187,13 +187,13 @@ def test_promotion_log_is_append_only_and_survives_a_torn_line(tmp_path):
 
 def test_watch_starts_a_round_on_new_traffic_and_backs_off_after_setbacks(tmp_path):
     from teamtr.training.improve.timeline import write_timeline
-    from teamtr.training.improve.watch import WatchConfig, backoff, due
+    from teamtr.training.improve.watch import WatchConfig, backoff, due, new_traffic
 
     cfg = WatchConfig(new_episodes=3, new_feedback=2, backoff_s=60, max_backoff_s=200)
     eps = [episode("1+2", t, {}) for t in range(5)]
-    assert due(eps, since_ns=1, cfg=cfg) and not due(eps, since_ns=2, cfg=cfg)  # 3 new, then 2
+    assert due(*new_traffic(eps, 1), cfg) and not due(*new_traffic(eps, 2), cfg)  # 3 new, then 2
     fed = [episode("1+2", t, {}, reward=1.0) for t in range(3, 5)]
-    assert due(fed, since_ns=2, cfg=cfg)  # 2 new with feedback
+    assert due(*new_traffic(fed, 2), cfg)  # 2 new with feedback
     assert [backoff(n, cfg) for n in range(5)] == [0, 60, 120, 200, 200]
 
     log = tmp_path / "decisions.jsonl"

@@ -23,7 +23,7 @@ from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, surrogate
 from teamtr.training.vocab_kl import MessageKL, Side, message_divergences
 
-MONITOR_CHUNK = 8  # messages per forward pass of the held-out KL check (vocabulary in chunks of positions)
+HELDOUT_KL_CHUNK = 8  # messages per forward pass of the held-out KL check (vocabulary in chunks of positions)
 
 
 def logprob_gap(msgs: RoleMessages, old_logp: torch.Tensor) -> float:
@@ -199,7 +199,7 @@ class OutOfSampleKL:
         policy = self.policy
         side = Side(policy.engine, policy.base, policy.adapter)
         self.divergences, self.log_ratios = message_divergences(
-            side, self.prompts, self.completions, self.weights_before, policy.temperature, MONITOR_CHUNK
+            side, self.prompts, self.completions, self.weights_before, policy.temperature, HELDOUT_KL_CHUNK
         )
         return self.divergences.forward
 

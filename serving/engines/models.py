@@ -54,10 +54,6 @@ class ResolvedModel:
     kind: ModelKind
     path: str
 
-    @property
-    def is_local(self) -> bool:
-        return self.kind != "hub"
-
 
 def cache_root() -> Path:
     """`$TEAMTR_CACHE`, else the platform's user cache directory for teamtr (models, warm starts)."""

@@ -49,9 +49,9 @@ def new_traffic(episodes: list[Any], since_ns: int) -> tuple[int, int]:
     return len(new), sum(e.reward is not None for e in new)
 
 
-def due(episodes: list[Any], since_ns: int, cfg: WatchConfig) -> bool:
-    n, feedback = new_traffic(episodes, since_ns)
-    return n >= cfg.new_episodes or feedback >= cfg.new_feedback
+def due(new_episodes: int, new_feedback: int, cfg: WatchConfig) -> bool:
+    """Enough new traffic for a round (`new_traffic`'s counts): episodes or feedback past their threshold."""
+    return new_episodes >= cfg.new_episodes or new_feedback >= cfg.new_feedback
 
 
 def decision_figures(state: dict[str, Any]) -> dict[str, float]:
@@ -107,7 +107,7 @@ class Watch:
                     self.loop.say(f"watch: {e}")
                     self.sleep(self.cfg.poll_s)
                     continue
-                ready = n >= self.cfg.new_episodes or feedback >= self.cfg.new_feedback
+                ready = due(n, feedback, self.cfg)
                 waiting = "backing_off" if self.clock() < not_before else "waiting"
                 self.publish(
                     phase="running" if ready and waiting == "waiting" else waiting,

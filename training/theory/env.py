@@ -131,10 +131,6 @@ class TeamInstance:
             raise ValueError(f"unknown role {role!r}; roles are {self.agent_names}") from None
 
 
-def uniform_logits(instance: TeamInstance) -> list[np.ndarray]:
-    return [np.zeros((k, instance.n_messages)) for k in instance.layer_sizes]
-
-
 def random_logits(instance: TeamInstance, rng: np.random.Generator, scale: float = 1.0) -> list[np.ndarray]:
     return [scale * rng.standard_normal((k, instance.n_messages)) for k in instance.layer_sizes]
 

@@ -94,11 +94,6 @@ def kl_per_context(old: list[np.ndarray], new: list[np.ndarray]) -> list[np.ndar
     return out
 
 
-def tv_per_context(old: list[np.ndarray], new: list[np.ndarray]) -> list[np.ndarray]:
-    """||pi_old(.|s) - pi_new(.|s)||_1 for every context."""
-    return [np.abs(a - b).sum(axis=1) for a, b in zip(old, new, strict=True)]
-
-
 def weighted_kl(weights: list[np.ndarray], old: list[np.ndarray], new: list[np.ndarray]) -> float:
     return float(sum((w * k).sum() for w, k in zip(weights, kl_per_context(old, new), strict=True)))
 
