@@ -46,6 +46,11 @@ ARMS: dict[str, dict[str, Any]] = {
         "optim.optimizer": "radam", "trust_region.extrapolate": True, "trust_region.probe_episodes": 64,
         "trust_region.line_search_target": 0.7,
     },
+    # added after radam_extrapolate's seed 0 (README): the same steps at a smaller radius
+    "radam_extrapolate_probe64_d0.02": {
+        "optim.optimizer": "radam", "trust_region.extrapolate": True, "trust_region.probe_episodes": 64,
+        "trust_region.delta": 0.02,
+    },
     "radam_lr1e-2_epochs4_halving": {
         "optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4, "trust_region.line_search": "halving",
     },
