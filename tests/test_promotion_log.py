@@ -17,7 +17,8 @@ from teamtr.graphs.run_layout import read_records
 from teamtr.serving.admin_client import AdminClient
 from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.promotion_log import PromotionLog
-from teamtr.serving.registry import AdapterRegistry, version_dirs
+from teamtr.graphs.run_layout import version_dirs
+from teamtr.serving.registry import AdapterRegistry
 
 
 async def registry_on(model_dir, run_dir, log) -> AdapterRegistry:
