@@ -8,7 +8,7 @@ splits each log-prob computation over the ranks and sums their gradients (traini
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -26,6 +26,11 @@ SCORE_CHUNK = 64  # at most this many messages per forward pass when computing l
 # message goes alone. 16,384 keeps 64 messages per pass where messages are short (the tiny models'), 16 at
 # 1,024 tokens (training/config.py OptimConfig.logprob_token_budget)
 TOKEN_BUDGET = 16_384
+
+
+def message_lengths(prompts: list[list[int]], completions: list[list[int]]) -> list[int]:
+    """Prompt + completion tokens of each message: what `budget_chunks` sizes passes by."""
+    return [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
 
 
 def budget_chunks(lengths: list[int], budget: int, max_messages: int = SCORE_CHUNK) -> list[tuple[int, int]]:
@@ -91,14 +96,18 @@ class AdapterPolicy:
 
     def _passes(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """Per-message log pi_T, one forward pass per `budget_chunks` range."""
-        out: list[torch.Tensor] = []
-        lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
-        with self._autocast():
-            for s, e in budget_chunks(lengths, self.token_budget):
-                out += self.engine.token_logprobs(
+        return [row for _, _, rows in self._pass_rows(prompts, completions) for row in rows]
+
+    def _pass_rows(
+        self, prompts: list[list[int]], completions: list[list[int]]
+    ) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
+        """(start, end, per-message log pi_T) of each `budget_chunks` pass, in order (autocast per pass)."""
+        for s, e in budget_chunks(message_lengths(prompts, completions), self.token_budget):
+            with self._autocast():
+                rows = self.engine.token_logprobs(
                     prompts[s:e], completions[s:e], self.adapter, self.base, self.temperature
                 )
-        return out
+            yield s, e, rows
 
     def backward(self, msgs: RoleMessages, upstream: torch.Tensor) -> None:
         """Backpropagate `upstream` = d loss / d log pi of msgs' completion tokens ([M, T], as `logp`
@@ -107,13 +116,8 @@ class AdapterPolicy:
         parallel: this rank's share of the messages (its rows of `upstream`); `sync_gradients` sums."""
         self.passed_tokens += pass_tokens(msgs.prompts, msgs.completions)
         start, end = (0, len(msgs)) if self.data_parallel is None else self.data_parallel.shard(len(msgs))
-        prompts, completions = msgs.prompts[start:end], msgs.completions[start:end]
-        lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
-        with torch.enable_grad(), self._autocast():
-            for s, e in budget_chunks(lengths, self.token_budget):
-                rows = self.engine.token_logprobs(
-                    prompts[s:e], completions[s:e], self.adapter, self.base, self.temperature
-                )
+        with torch.enable_grad():
+            for s, e, rows in self._pass_rows(msgs.prompts[start:end], msgs.completions[start:end]):
                 values = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
                 torch.autograd.backward(values, upstream[start + s : start + e, : values.shape[1]])
 
@@ -126,8 +130,7 @@ class AdapterPolicy:
         gradient caching, so memory follows `token_budget` and not the minibatch: the log-probs first
         without a gradient, d loss / d log-probs on them (the loss is cheap), then `backward` pass by pass.
         Exact by the chain rule (no dropout in the adapters); the price is one more forward pass."""
-        lengths = [len(p) + len(c) for p, c in zip(msgs.prompts, msgs.completions, strict=True)]
-        if len(budget_chunks(lengths, self.token_budget)) <= 1:
+        if len(budget_chunks(message_lengths(msgs.prompts, msgs.completions), self.token_budget)) <= 1:
             loss = loss_of(self.logp(msgs, grad=True))
             loss.backward()
             return loss.detach()
