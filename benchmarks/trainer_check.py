@@ -23,43 +23,53 @@ from typing import Any
 # Arms: config overrides on top of the demo's config. `before_2026_12` is the trainer as it was: the
 # region checked on the batch's own sampled tokens per epoch, restore-and-halve backtracking, group-
 # normalised advantages, AdamW, no stage-level revert. The ablations switch one part of the default back.
+# The trainer defaults every arm below "default" ran on (before 2026-12-04): their cells keep their meaning
+BEFORE_2026_12_04: dict[str, Any] = {
+    "optim.optimizer": "adamw", "trust_region.extrapolate": False, "trust_region.probe_episodes": 16,
+    "trust_region.heldout_episodes": 8, "trust_region.delta": 0.05,
+}  # fmt: skip
+# the extrapolation as the arms of 2026-12-03 ran it: one scaling, at most 8x
+ONE_ROUND = {"trust_region.extrapolate": True, "trust_region.extrapolate_rounds": 1}
+
 ARMS: dict[str, dict[str, Any]] = {
-    "default": {},  # probe check, max-direction KL, halving line search, rloo, AdamW, keep_best
-    "halving": {"trust_region.line_search": "halving"},  # = default (its cells ran before the bracket trial)
-    "bracket": {"trust_region.line_search": "bracket"},  # tried as the default on 2026-12-03 (README)
-    "radam_halving": {"optim.optimizer": "radam", "trust_region.line_search": "halving"},  # the pilot's start
-    "lr1e-3": {"optim.lr": 1e-3, "trust_region.line_search": "bracket"},  # more, smaller steps (exploratory)
+    # the defaults: probe check of 64 episodes, max-direction KL, RAdam, extrapolation (3 rounds), rloo,
+    # keep_best, the held-out check on 64 episodes; the demo at delta 0.02
+    "default": {},
+    "halving": {**BEFORE_2026_12_04, "trust_region.line_search": "halving"},  # the default of 2026-12-03
+    "bracket": {**BEFORE_2026_12_04, "trust_region.line_search": "bracket"},  # tried as the default (README)
+    "radam_halving": {**BEFORE_2026_12_04, "optim.optimizer": "radam"},  # the pilot's start
+    "lr1e-3": {**BEFORE_2026_12_04, "optim.lr": 1e-3, "trust_region.line_search": "bracket"},  # exploratory
     "before_2026_12": {
+        **BEFORE_2026_12_04,
         "trust_region.check": "sampled",
         "loss.advantage": "group_normalised",
-        "optim.optimizer": "adamw",
         "eval.keep_best": False,
     },
-    "sampled_check": {"trust_region.check": "sampled"},
-    "group_normalised": {"loss.advantage": "group_normalised"},
-    "no_keep_best": {"eval.keep_best": False},
-    "forward_kl": {"trust_region.direction": "forward"},
+    "sampled_check": {**BEFORE_2026_12_04, "trust_region.check": "sampled"},
+    "group_normalised": {**BEFORE_2026_12_04, "loss.advantage": "group_normalised"},
+    "no_keep_best": {**BEFORE_2026_12_04, "eval.keep_best": False},
+    "forward_kl": {**BEFORE_2026_12_04, "trust_region.direction": "forward"},
     # the KL sets the length of every step (trust_region.extrapolate): RAdam's short steps scaled towards
     # the boundary; the second with a larger probe aimed lower (README, rule of 2026-12-03 20:15 UTC)
-    "radam_extrapolate": {"optim.optimizer": "radam", "trust_region.extrapolate": True},
+    "radam_extrapolate": {**BEFORE_2026_12_04, **ONE_ROUND, "optim.optimizer": "radam"},
     "radam_extrapolate_probe64": {
-        "optim.optimizer": "radam", "trust_region.extrapolate": True, "trust_region.probe_episodes": 64,
+        **BEFORE_2026_12_04, **ONE_ROUND, "optim.optimizer": "radam", "trust_region.probe_episodes": 64,
         "trust_region.line_search_target": 0.7,
-    },
+    },  # fmt: skip
     # added after radam_extrapolate's seed 0 (README): the same steps at a smaller radius
     "radam_extrapolate_probe64_d0.02": {
-        "optim.optimizer": "radam", "trust_region.extrapolate": True, "trust_region.probe_episodes": 64,
+        **BEFORE_2026_12_04, **ONE_ROUND, "optim.optimizer": "radam", "trust_region.probe_episodes": 64,
         "trust_region.delta": 0.02,
-    },
+    },  # fmt: skip
     # the same, delta_eff measured on 64 held-out episodes instead of 8 (README, 21:05 UTC): training is
     # unchanged (held-out episodes have seeds of their own), the instrument's own noise smaller
     "radam_extrapolate_probe64_d0.02_heldout64": {
-        "optim.optimizer": "radam", "trust_region.extrapolate": True, "trust_region.probe_episodes": 64,
+        **BEFORE_2026_12_04, **ONE_ROUND, "optim.optimizer": "radam", "trust_region.probe_episodes": 64,
         "trust_region.delta": 0.02, "trust_region.heldout_episodes": 64,
-    },
+    },  # fmt: skip
     "radam_lr1e-2_epochs4_halving": {
-        "optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4, "trust_region.line_search": "halving",
-    },
+        **BEFORE_2026_12_04, "optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4,
+    },  # fmt: skip
 }
 
 

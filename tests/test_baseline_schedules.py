@@ -32,7 +32,9 @@ JOINT = {"task.name": "test-odd-start", "schedule.kind": "joint", "trust_region.
 
 
 # a first AdamW step far outside delta, searched back by halving (see the line-search test)
-STEEP = {"optim.lr": 0.2, "trust_region.delta": 0.05, "trust_region.line_search": "halving"}
+# AdamW at lr 0.2 without extrapolation: a first step of lr * sign(g) that leaves the region at once
+STEEP = {"optim.lr": 0.2, "optim.optimizer": "adamw", "trust_region.extrapolate": False,
+         "trust_region.delta": 0.05, "trust_region.line_search": "halving"}  # fmt: skip
 
 
 def final_adapters(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:

@@ -48,7 +48,7 @@ TINY = {
     "stages": 2,
     "rollout": {"prompts_per_update": 2, "group_size": 2, "temperature": 1.0},
     "optim": {"lr": 3e-3, "epochs": 1, "minibatch_messages": 8},
-    "trust_region": {"delta": 0.05},
+    "trust_region": {"delta": 0.05, "probe_episodes": 4, "heldout_episodes": 2},  # test-sized checks
     "eval": {"stage_episodes": 2, "final_episodes": 4, "temperature": 0.0},
 }
 runner = CliRunner()
@@ -205,7 +205,8 @@ def test_examples_train_and_demo_compare(demo_model, tiny_config, tmp_path):
     `teamtr demo --compare`."""
     root = Path(__file__).resolve().parents[1]
     sets = ["--set", f"team.model={demo_model}", "--set", "stages=1", "--set", "rollout.prompts_per_update=2",
-            "--set", "rollout.group_size=2", "--set", "optim.epochs=1", "--set", "eval.stage_episodes=2"]  # fmt: skip
+            "--set", "rollout.group_size=2", "--set", "optim.epochs=1", "--set", "eval.stage_episodes=2",
+            "--set", "trust_region.probe_episodes=4", "--set", "trust_region.heldout_episodes=2"]  # fmt: skip
     for name in ("teamtr", "naive"):
         out = invoke(
             "train", str(root / "examples" / f"{name}.yaml"), "--run-dir", str(tmp_path / name), *sets

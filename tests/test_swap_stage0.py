@@ -41,7 +41,7 @@ def run_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
         "team": {"model": model, "lora_rank": 4, "roles": "teamtr_swap_test_team:roles"},
         "rollout": {"prompts_per_update": 3, "group_size": 4},
         "optim": {"lr": 5e-3, "epochs": 2, "minibatch_messages": 6},
-        "trust_region": {"delta": 0.5},
+        "trust_region": {"delta": 0.5, "probe_episodes": 16, "heldout_episodes": 8},  # test-sized checks
         "eval": {"stage_episodes": 4, "final_episodes": 4},
     }
     return TrainConfig.from_dict(base).with_overrides(overrides)

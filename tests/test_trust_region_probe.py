@@ -115,6 +115,33 @@ def test_extrapolation_scales_a_short_update_towards_delta_and_stays_inside(tiny
     assert kls[True] > 2 * kls[False] and scaled["d_hat"] >= 0.5 * delta
 
 
+def test_extrapolation_rounds_carry_a_capped_step_further_and_stay_inside(tiny_model, tmp_path):
+    """A step so short that one scaling by `extrapolate_max` (2 here) leaves it far inside is scaled again
+    from the point reached, measured each time: with 4 rounds it ends farther than with 1, and inside on
+    the probe by a brute-force KL."""
+    records, kls = {}, {}
+    for rounds in (1, 4):
+        cfg = small_config(
+            tiny_model, tmp_path / f"run-{rounds}",
+            **{"optim.lr": 1e-3, "optim.epochs": 1, "optim.optimizer": "radam", "trust_region.delta": 0.02,
+               "trust_region.probe_episodes": 6, "trust_region.extrapolate_max": 2.0,
+               "trust_region.extrapolate_rounds": rounds},
+        )  # fmt: skip
+        team = stage_team(cfg, tiny_model)
+        batch = team.rollout(0, 0)
+        ctx = UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)
+        probe = team.probe_contexts(ctx)
+        start = team.policies["adder1"].weights()
+        records[rounds] = team.update(ctx).record
+        now = team.policies["adder1"].weights()
+        kls[rounds] = float(np.mean(brute_force_kl(team.engine, "adder1", *probe, start, now, "max")))
+    one, four = records[1], records[4]
+    assert one["stop"] == four["stop"] == "extrapolated"
+    assert one["extrapolate_scale"] == pytest.approx(2.0, rel=1e-4)  # capped once, no further round
+    assert four["extrapolate_scale"] > 2.0 * 1.5 and kls[4] > kls[1]  # further along the same line
+    assert kls[4] <= four["kl_probe_ucb"] <= 0.02 and four["d_hat"] <= 0.02
+
+
 def batch_prompts(batch):
     return [t.prompt_ids for traj in batch.trajectories for t in traj.turns_of("adder1") if t.completion_ids]
 

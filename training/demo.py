@@ -55,7 +55,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "team": {"warm_start": {"stop_accuracy": 0.45}},
     "rollout": {"prompts_per_update": 16, "group_size": 8, "temperature": 1.0},
     "optim": {"lr": 3e-3, "epochs": 2, "minibatch_messages": 64},
-    "trust_region": {"delta": 0.05},
+    "trust_region": {"delta": 0.02},
     "eval": {"stage_episodes": 128, "final_episodes": 300, "temperature": 0.0},
 }
 

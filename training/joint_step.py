@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -132,9 +132,9 @@ class JointCheck(RegionCheck):
     def of(cls, checks: dict[str, RegionCheck], delta: float) -> JointCheck:
         values = [c.value for c in checks.values()]
         if any(v != v for v in values):  # a non-finite KL of any role: the team is outside
-            return cls(math.nan, math.nan, math.nan, delta, checks)
+            return cls(math.nan, math.nan, math.nan, delta, roles=checks)
         worst = max(checks.values(), key=lambda c: c.value, default=RegionCheck(0.0, 0.0, 0.0, delta))
-        return cls(worst.batch, worst.probe, worst.probe_ucb, delta, checks)
+        return cls(worst.batch, worst.probe, worst.probe_ucb, delta, roles=checks)
 
 
 class TeamRegion:
@@ -210,7 +210,8 @@ def joint_step(
         restore()
     steps = {}
     for r in roles:  # LOG, CERTIFY, COMMIT per role, as teamtr_step does at its accepted weights
-        probed = (check.roles.get(r, RegionCheck(0.0, 0.0, 0.0, tr.delta)), kept, stop)
+        own = replace(check.roles.get(r, RegionCheck(0.0, 0.0, 0.0, tr.delta)), scale=check.scale)  # the team moved along one line
+        probed = (own, kept, stop)
         region = probed_outcome(probed, policies[r], msgs[r], cfg, betas[r])
         # without a region (ablation) d_hat is the sampled estimate, as teamtr_step's
         steps[r] = step_result(

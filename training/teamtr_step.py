@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -291,19 +291,36 @@ def extrapolate(
     point: Any, region: Any, origin: dict[Any, torch.Tensor], end: RegionCheck, tr: TrustRegionConfig
 ) -> RegionCheck | None:
     """theta_cur + s (theta_end - theta_cur), s = sqrt(line_search_target * delta / KL_end) at most
-    `extrapolate_max` (KL about quadratic in the displacement); outside, the line search from theta_end
-    towards it. Returns the check at the point kept, None (theta_end in place) when none beyond it is."""
-    if not end.value > 0:
+    `extrapolate_max` (KL about quadratic in the displacement), repeated from the scaled point while s was
+    capped and that point is inside, at most `extrapolate_rounds` times (each round measured, so a KL
+    that grows faster than quadratic far along the line is caught); a scaled point outside is line-searched
+    back towards the last point inside. Returns the check at the point kept (its `scale`: the kept
+    displacement over the optimiser's), None (theta_end in place) when none beyond it is."""
+    unscaled = displacement_norm(point.weights(), origin)
+    kept: RegionCheck | None = None
+    for _ in range(tr.extrapolate_rounds):
+        if not end.value > 0:
+            break
+        scale = min(math.sqrt(tr.line_search_target * tr.delta / end.value), tr.extrapolate_max)
+        if scale <= 1.0:
+            break
+        finish = point.weights()
+        point.load_weights({k: origin[k] + scale * (finish[k] - origin[k]) for k in origin})
+        check = region.check()
+        if point.agree(float(check.inside)) <= 0.5:
+            searched = line_search(point, region, finish, end, check, tr)
+            kept = searched if searched is not None else kept  # None: `finish` (inside) is back in place
+            break
+        kept = end = check
+        if scale < tr.extrapolate_max:  # the predicted scale was reached: no further round
+            break
+    if kept is None:
         return None
-    scale = min(math.sqrt(tr.line_search_target * tr.delta / end.value), tr.extrapolate_max)
-    if scale <= 1.0:
-        return None
-    finish = point.weights()
-    point.load_weights({k: origin[k] + scale * (finish[k] - origin[k]) for k in origin})
-    check = region.check()
-    if point.agree(float(check.inside)) > 0.5:
-        return check
-    return line_search(point, region, finish, end, check, tr)
+    return replace(kept, scale=displacement_norm(point.weights(), origin) / unscaled if unscaled > 0 else 1.0)
+
+
+def displacement_norm(weights: dict[Any, torch.Tensor], origin: dict[Any, torch.Tensor]) -> float:
+    return math.sqrt(sum(float((weights[k].double() - origin[k].double()).pow(2).sum()) for k in origin))
 
 
 def line_search(

@@ -139,6 +139,7 @@ class RegionCheck:
     probe: float  # mean over the probe's held-out messages (contexts it was not fitted on)
     probe_ucb: float  # one-sided upper confidence bound of `probe` (normal approximation over messages)
     delta: float
+    scale: float = 1.0  # the point's displacement from pi_cur over the optimiser's (> 1: extrapolated)
 
     @property
     def value(self) -> float:
@@ -151,7 +152,12 @@ class RegionCheck:
         return self.value <= self.delta  # False for nan: a non-finite step is outside the region
 
     def to_dict(self) -> dict[str, float]:
-        return {"kl_batch_exact": self.batch, "kl_probe": self.probe, "kl_probe_ucb": self.probe_ucb}
+        return {
+            "kl_batch_exact": self.batch,
+            "kl_probe": self.probe,
+            "kl_probe_ucb": self.probe_ucb,
+            "extrapolate_scale": self.scale,
+        }
 
 
 class ExactRegion:
