@@ -148,8 +148,10 @@ def test_heldout_kl_reaches_metrics_and_summary_and_leaves_the_seeded_run_unchan
     assert [u["train_tokens"] for u in updates_on] == [u["train_tokens"] for u in updates_off]
 
     assert all(u["kl_out_of_sample"] is None and u["heldout_tokens"] == 0 for u in updates_off)
+    assert any(u["no_signal"] for u in updates_on) and not all(u["no_signal"] for u in updates_on)
     for u in updates_on:
-        assert u["kl_out_of_sample_messages"] == 3
+        # an update without signal changes nothing: no held-out episode is sampled for its exact 0
+        assert u["kl_out_of_sample_messages"] == (0 if u["no_signal"] else 3)
         # positive exactly when the update moved the policy (an accepted update whose groups all had zero
         # advantage leaves the weights where they were: in-sample k3 and the monitor are then both 0)
         moved = u["accepted"] and u["kl_k3_message"] > 0

@@ -178,6 +178,13 @@ class OutOfSampleKL:
     rewards: list[float] = field(default_factory=list)  # every held-out episode's reward
     log_ratios: torch.Tensor | None = None  # [M] log pi_new / pi_cur of each sampled message (per_message)
     divergences: MessageKL | None = None  # forward and reverse KL of each message (per_message)
+    exact_zero: bool = False  # the update is known to leave pi_cur unchanged: nothing sampled, every figure 0
+
+    @classmethod
+    def unchanged(cls, policy: AdapterPolicy) -> OutOfSampleKL:
+        """The check of an update without signal (no step: pi_new = pi_cur bit for bit): its KL and
+        held-out surrogate are exactly 0, known without sampling the held-out episodes."""
+        return cls(policy, [], [], {}, exact_zero=True)
 
     @classmethod
     def before(cls, trajectories: list[Trajectory], role: Speakers, policy: AdapterPolicy) -> OutOfSampleKL:
@@ -206,6 +213,8 @@ class OutOfSampleKL:
     def heldout_surrogate(self) -> tuple[float, float, int] | None:
         """(L_ho, its standard error, episodes) of the update just measured by `per_message`: the
         importance-weighted surrogate of pi_new on the held-out episodes of pi_cur, in reward units."""
+        if self.exact_zero:
+            return 0.0, 0.0, 0
         if self.log_ratios is None or not self.rewards:
             return None
         per_episode: list[list[float]] = [[] for _ in self.rewards]
@@ -218,6 +227,15 @@ class OutOfSampleKL:
         """The update record's fields: mean forward KL per message and per token, the reverse KL, how many
         messages, and delta_eff: the KL in the region's `direction` (per token when the region is per
         token), and whether it exceeded delta."""
+        if self.exact_zero:
+            return {
+                "kl_out_of_sample": 0.0,
+                "kl_out_of_sample_token": 0.0,
+                "kl_out_of_sample_messages": 0,
+                "kl_out_of_sample_reverse": 0.0,
+                "left_region_out_of_sample": False,
+                "delta_eff": 0.0,
+            }
         if not self.prompts:
             return {
                 "kl_out_of_sample": None,

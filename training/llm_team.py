@@ -55,7 +55,7 @@ from teamtr.training.policy import AdapterPolicy
 from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch, Speakers
 from teamtr.training.stage import UpdateContext
-from teamtr.training.teamtr_step import StepResult, teamtr_step
+from teamtr.training.teamtr_step import StepResult, batch_lacks_signal, teamtr_step
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,15 @@ class LLMStageTeam:
         skipped = self._skipped(ctx, self.units[ctx.role][0])
         if skipped is not None:
             return skipped
-        around = self.before_step(ctx)
+        baselines = (
+            self.sampler.prefix_baselines(ctx.stage, ctx.index, ctx.batch, ctx.role, self.cfg.loss.credit_samples)
+            if self.cfg.loss.credit == "prefix"
+            else None
+        )
+        # an update without signal changes nothing: its held-out KL check would sample episodes to measure 0
+        quiet = batch_lacks_signal(ctx.batch, self.speakers(ctx.role), self.cfg.loss, baselines)
+        quiet = self.policies[self.units[ctx.role][0].adapter].agree(float(quiet)) > 0.5  # rank 0's decision
+        around = self.before_step(ctx, unchanged=quiet)
         policy = around.policy
         passed_before = policy.passed_tokens  # count 3: the step's own passes, not the instruments' around it
         step = teamtr_step(
@@ -266,35 +274,34 @@ class LLMStageTeam:
             ),
             episode_weights=around.weights,
             probe=lambda: self.probe_contexts(ctx),
-            baselines=(
-                self.sampler.prefix_baselines(
-                    ctx.stage, ctx.index, ctx.batch, ctx.role, self.cfg.loss.credit_samples
-                )
-                if self.cfg.loss.credit == "prefix"
-                else None
-            ),
+            baselines=baselines,
             on_epoch=lambda epoch, d: self.progress.epoch(ctx.role, epoch, self.cfg.optim.epochs, d),
         )
         self.state.train_pass_tokens += policy.passed_tokens - passed_before
         return self.log_update(ctx, step, around)
 
     def before_step(
-        self, ctx: UpdateContext[RolloutBatch], heldout: list[Trajectory] | None = None
+        self, ctx: UpdateContext[RolloutBatch], heldout: list[Trajectory] | None = None, unchanged: bool = False
     ) -> AroundStep:
         """What is measured before the step of ctx.role: log pi_cur on the stale-gap batches and on the held-out
-        KL check's episodes (`heldout`, else drawn for this update), the importance weights, the vLLM gaps."""
+        KL check's episodes (`heldout`, else drawn for this update; none when the step is known to leave
+        pi_cur `unchanged`: its held-out figures are exactly 0), the importance weights, the vLLM gaps."""
         policy = self.policies[self.units[ctx.role][0].adapter]
+        if unchanged and self.cfg.trust_region.heldout_episodes:
+            heldout_kl = OutOfSampleKL.unchanged(policy)
+        else:
+            heldout_kl = OutOfSampleKL.before(
+                self.heldout_episodes(ctx.stage, ctx.index) if heldout is None else heldout,
+                self.speakers(ctx.role),
+                policy,
+            )
         return AroundStep(
             t0=time.perf_counter(),
             policy=policy,
             versions_before=self.versions(),
             weights=self.episode_weights(ctx),
             stale_gap=StaleGap.before(ctx, policy, self.cfg.loss),  # log pi_cur on pi^0's and pi^(i-1)'s batches
-            heldout_kl=OutOfSampleKL.before(
-                self.heldout_episodes(ctx.stage, ctx.index) if heldout is None else heldout,
-                self.speakers(ctx.role),
-                policy,
-            ),
+            heldout_kl=heldout_kl,
             # vLLM mode: the batch's log-probs as vLLM recorded them vs the trainer's, for every role (pi_cur)
             rollout_gaps=behaviour_gaps(ctx.batch, self.policies) if self.vllm is not None else None,
         )

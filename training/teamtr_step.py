@@ -117,10 +117,7 @@ def teamtr_step(
 
     # too little evidence: no message (DAPO dropped every group), or fewer than min_signal_groups prompt
     # groups with reward spread: no step and no new version (`no_signal`). Rank 0's decision on every rank
-    too_little = (
-        not len(msgs) or adv.signal_groups < cfg.loss.min_signal_groups or not torch.any(msgs.adv != 0)
-    )
-    no_signal = policy.agree(float(too_little)) > 0.5
+    no_signal = policy.agree(float(lacks_signal(adv, msgs, cfg.loss))) > 0.5
     probed: tuple[RegionCheck, int, str] | None = None
     probe_contexts: Contexts = ([], [])
     if no_signal:
@@ -155,6 +152,20 @@ def teamtr_step(
     # LOG, CERTIFY (T), COMMIT at the accepted weights (or pi_cur, restored)
     probe_messages = len(probe_contexts[0])
     return step_result(batch, role, policy, cfg, adv, msgs, old_logp, region, probed, no_signal, probe_messages)
+
+
+def lacks_signal(adv: Advantages, msgs: RoleMessages, loss: LossConfig) -> bool:
+    """No message (DAPO dropped every group), fewer than `min_signal_groups` prompt groups with reward
+    spread, or no message with a non-zero advantage: an update would have nothing to follow."""
+    return not len(msgs) or adv.signal_groups < loss.min_signal_groups or not torch.any(msgs.adv != 0)
+
+
+def batch_lacks_signal(
+    batch: RolloutBatch, role: Speakers, loss: LossConfig, baselines: np.ndarray | None = None
+) -> bool:
+    """`lacks_signal` from the batch's rewards alone (no forward pass): known before the update's step."""
+    adv = advantages_for(batch.rewards, batch.groups, loss, baselines)
+    return lacks_signal(adv, messages_of_role(batch, role, adv), loss)
 
 
 def no_attempt(beta: float) -> TrustRegionOutcome:
