@@ -3,11 +3,14 @@ control, delta in {0.05, 0.15}, 5 seeds; and the ablations at n = 4, l = 0, delt
 part of the trainer back. The cells are benchmarks/relay_study.py cells (resumable, one line each):
 
     OMP_NUM_THREADS=1 TEAMTR_TORCH_THREADS=1 nice -n 15 .venv/bin/python benchmarks/relay_study.py --arms teamtr \\
-        --sizes 4 2 --deltas 0.15 0.05 --seeds 5 --cell-seeds --out benchmarks/results/trainer_check/relay
+        --sizes 4 2 --deltas 0.15 0.05 --seeds 5 --cell-seeds --out benchmarks/results/trainer_check/relay_2026_12_04
     # one ablation (NAME, overrides in ABLATIONS below):
     ... relay_study.py --arms teamtr --sizes 4 --control-size 0 --deltas 0.15 --seeds 5 --cell-seeds \\
-        --set trust_region.check=sampled --out benchmarks/results/trainer_check/relay_ablations/NAME
+        --set trust_region.check=sampled --out benchmarks/results/trainer_check/relay_2026_12_04/ablations/NAME
     .venv/bin/python benchmarks/trainer_check_relay.py          # the report (report.md beside the cells)
+
+The trainer's cells of 2026-12-03 (AdamW, halving, probe 16; 3 cells) are in trainer_check/relay with their
+report (`--root benchmarks/results/trainer_check/relay`).
 
 Per (n, l, delta) it prints the issue's lines with their pass/fail: the share of accepted updates whose
 delta_eff (exact KL on held-out episodes neither the batch nor the probe saw) exceeded delta (<= 5%), the
@@ -26,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path("benchmarks/results/trainer_check")
+ROOT = Path("benchmarks/results/trainer_check/relay_2026_12_04")  # the defaults of 2026-12-04
 # each ablation switches one part of the default trainer back to its behaviour before 2026-12
 ABLATIONS: dict[str, dict[str, Any]] = {
     "sampled_check": {"trust_region.check": "sampled"},  # items 1-2: k3 on the batch's tokens, per epoch
@@ -119,8 +122,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def report(root: Path) -> str:
-    parts = ["## TeamTR (default trainer)", ""]
-    rows = setting_rows(read_cells(root / "relay" / "cells.jsonl"))
+    """`root`: the trainer's cells (cells.jsonl) and its ablations' (ablations/NAME/cells.jsonl)."""
+    parts = [f"## TeamTR (the default trainer: {root.name})", ""]
+    rows = setting_rows(read_cells(root / "cells.jsonl"))
     parts += [table(rows), ""]
     for r in rows:
         marks = ", ".join(
@@ -130,7 +134,7 @@ def report(root: Path) -> str:
     parts += ["", "## Ablations (n = 4, l = 0, delta 0.15; each switches one part back)", ""]
     ablation_rows = []
     for name in ABLATIONS:
-        for r in setting_rows(read_cells(root / "relay_ablations" / name / "cells.jsonl")):
+        for r in setting_rows(read_cells(root / "ablations" / name / "cells.jsonl")):
             ablation_rows.append({**r, "setting": f"{name}: {r['setting']}"})
     parts.append(table(ablation_rows) if ablation_rows else "(no ablation cells yet)")
     return "\n".join(parts) + "\n"
@@ -138,10 +142,12 @@ def report(root: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=ROOT)
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the trainer's cells: relay (2026-12-03), relay_2026_12_04"
+    )
     args = parser.parse_args(argv)
     text = report(args.root)
-    (args.root / "relay" / "report.md").write_text(text)
+    (args.root / "report.md").write_text(text)
     print(text)
     return 0
 

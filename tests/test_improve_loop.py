@@ -67,6 +67,9 @@ STRONG_STAGES, STRONG_DELTA = 3, 0.5
 STRONG = ["--stages", str(STRONG_STAGES), "--set", "rollout.prompts_per_update=12"]
 STRONG += ["--set", "rollout.group_size=8", "--set", "optim.epochs=4", "--set", "optim.lr=0.3"]
 STRONG += ["--set", f"trust_region.delta={STRONG_DELTA}"]
+# AdamW's sign steps at lr 0.3, not extrapolated: RAdam's direction stretched to delta did not flip a
+# greedy first character here (0 prompts won or lost at the gate)
+STRONG += ["--set", "optim.optimizer=adamw", "--set", "trust_region.extrapolate=false"]
 WRONG_LR, WRONG_EPOCHS = 0.2, 4
 
 
