@@ -210,7 +210,8 @@ def joint_step(
         restore()
     steps = {}
     for r in roles:  # LOG, CERTIFY, COMMIT per role, as teamtr_step does at its accepted weights
-        own = replace(check.roles.get(r, RegionCheck(0.0, 0.0, 0.0, tr.delta)), scale=check.scale)  # the team moved along one line
+        # every adapter moved along one line: the team's extrapolation scale is each role's
+        own = replace(check.roles.get(r, RegionCheck(0.0, 0.0, 0.0, tr.delta)), scale=check.scale)
         probed = (own, kept, stop)
         region = probed_outcome(probed, policies[r], msgs[r], cfg, betas[r])
         # without a region (ablation) d_hat is the sampled estimate, as teamtr_step's

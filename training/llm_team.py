@@ -252,13 +252,14 @@ class LLMStageTeam:
         skipped = self._skipped(ctx, self.units[ctx.role][0])
         if skipped is not None:
             return skipped
+        loss = self.cfg.loss
         baselines = (
-            self.sampler.prefix_baselines(ctx.stage, ctx.index, ctx.batch, ctx.role, self.cfg.loss.credit_samples)
-            if self.cfg.loss.credit == "prefix"
+            self.sampler.prefix_baselines(ctx.stage, ctx.index, ctx.batch, ctx.role, loss.credit_samples)
+            if loss.credit == "prefix"
             else None
         )
         # an update without signal changes nothing: its held-out KL check would sample episodes to measure 0
-        quiet = batch_lacks_signal(ctx.batch, self.speakers(ctx.role), self.cfg.loss, baselines)
+        quiet = batch_lacks_signal(ctx.batch, self.speakers(ctx.role), loss, baselines)
         quiet = self.policies[self.units[ctx.role][0].adapter].agree(float(quiet)) > 0.5  # rank 0's decision
         around = self.before_step(ctx, unchanged=quiet)
         policy = around.policy
