@@ -126,7 +126,7 @@ class LossConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    """OPTIMISE step: inner epochs of AdamW over minibatches of the role's messages (one optimizer per
+    """OPTIMISE step: inner epochs of `optimizer` over minibatches of the role's messages (one optimizer per
     adapter: a shared one would move inactive adapters through their momentum)."""
 
     lr: float = Field(2e-4, gt=0)
