@@ -394,8 +394,8 @@ def parse_args(argv: list[str] | None) -> RelayStudyConfig:
     p.add_argument("--model", default=None, help="one base model for every cell (default: the warm starts)")
     p.add_argument("--pilot", action="store_true", help="n = 4, l = 0, one seed (out: .../pilot)")
     p.add_argument(
-        "--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE",
-        help="config overrides of every training cell (YAML values): trust_region.check=sampled",
+        "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+        help="config overrides of every training cell (YAML values), repeatable: --set trust_region.check=sampled",
     )  # fmt: skip
     a = vars(p.parse_args(argv))
     a["overrides"] = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in a["overrides"])}

@@ -211,6 +211,11 @@ def test_relay_study_runs_the_joint_and_shared_adapter_arms(tiny_model, tmp_path
             "--epochs", "1", "--eval-episodes", "4", "--greedy-episodes", "2", "--heldout-episodes", "2",
             "--spread-prompts", "2", "--stage-episodes", "2", "--lab-seeds", "2", "--lab-deltas", "0.3",
             "--arms", "joint", "shared_adapter"]  # fmt: skip
+    # every --set reaches every cell (a repeated argparse option once kept only the last)
+    sets = ["--set", "optim.optimizer=adamw", "--set", "trust_region.probe_episodes=3"]
+    assert relay_study.parse_args([*argv, *sets]).overrides == {
+        "optim.optimizer": "adamw", "trust_region.probe_episodes": 3
+    }  # fmt: skip
     cfg = relay_study.parse_args(argv)
     joint = relay_study.train_config(2, 0.0, 0.3, 0, "joint", tiny_model, cfg)
     shared = relay_study.train_config(2, 0.0, 0.3, 0, "shared_adapter", tiny_model, cfg)
