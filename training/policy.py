@@ -119,7 +119,8 @@ class AdapterPolicy:
         with torch.enable_grad():
             for s, e, rows in self._pass_rows(msgs.prompts[start:end], msgs.completions[start:end]):
                 values = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-                torch.autograd.backward(values, upstream[start + s : start + e, : values.shape[1]])
+                grad = upstream[start + s : start + e, : values.shape[1]].to(values.device)  # the model's device
+                torch.autograd.backward(values, grad)
 
     def loss_backward(
         self, msgs: RoleMessages, loss_of: Callable[[torch.Tensor], torch.Tensor]

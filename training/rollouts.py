@@ -123,4 +123,6 @@ def padded_logprobs(fn: LogProbFn, msgs: RoleMessages, chunk: int) -> torch.Tens
     for start in range(0, len(msgs), chunk):
         rows += fn(msgs.prompts[start : start + chunk], msgs.completions[start : start + chunk])
     values = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # keeps the autograd graph
-    return torch.nn.functional.pad(values, (0, msgs.mask.shape[1] - values.shape[1]))
+    # on the messages' device (the CPU): the model's may be a GPU, and the losses meet masks and advantages
+    padded = torch.nn.functional.pad(values, (0, msgs.mask.shape[1] - values.shape[1]))
+    return padded.to(msgs.mask.device)
