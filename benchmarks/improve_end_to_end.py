@@ -142,7 +142,7 @@ async def run_improve(
     command = [sys.executable, "-m", "teamtr.cli.main", "improve", str(run), "--url", url]
     command += ["--admin-key", ADMIN_KEY, "--team", TEAM, "--work-dir", str(work), "--last", str(args.window)]
     command += ["--reward", REWARDS[condition], *EXTRA.get(condition, [])]
-    command += ["--stages", str(args.stages), "--set", f"seed={seed}"]
+    command += ["--stages", str(args.stages), "--set", f"seed={seed}", *args.improve_args]
     env = {
         **os.environ,
         "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -355,6 +355,7 @@ def run_cell(seed: int, condition: str, args: argparse.Namespace) -> dict[str, A
             "clients": args.clients,
             "stages": args.stages,
             "fresh": args.fresh,
+            "improve_args": args.improve_args,
         },
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "commit": os.environ.get("TEAMTR_SOURCE_COMMIT")
@@ -428,6 +429,10 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=8, help="improve --stages (the demo's 8)")
     parser.add_argument("--fresh", type=int, default=1000, help="fresh tasks the truth is measured on")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--improve-arg", dest="improve_args", action="append", default=[], metavar="ARG",
+        help="one more argument for every cell's `teamtr improve` (repeat: --improve-arg=--held-out --improve-arg=0.5)",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path("/tmp/improve_end_to_end"))
     parser.add_argument("--keep", action="store_true", help="keep each cell's run and improve directories")
     parser.add_argument(
