@@ -183,11 +183,14 @@ def evaluate(engine: Any, run: Any, seed: int, temperature: float, n: int, group
 def turn_rates(tasks: list, trajectories: list) -> dict[str, float]:
     """What the lab twin's warm start needs, measured on the team's own episodes: role 1's slip rate
     (value + 1) and stray rate (neither value nor slip), and over blind turns the correction rate
-    (previous - 1) and stray rate (neither copy nor correction); a turn that is not one digit is stray."""
+    (previous - 1) and stray rate (neither copy nor correction); a turn that is not one digit is stray.
+    `blind_stray_per_turn` also counts every blind turn after an unreadable one (not one digit: nothing to
+    copy or correct, so an earlier role's stray is counted again); `blind_own_stray_per_turn` is the blind
+    roles' own: over blind turns after a digit only."""
     value = {t.id: t.meta["value"] for t in tasks}
     views = {t.id: t.meta["role_views"] for t in tasks}
     first = {"slip": 0, "stray": 0, "n": 0}
-    blind = {"correction": 0, "stray": 0, "n": 0}
+    blind = {"correction": 0, "stray": 0, "n": 0, "own_stray": 0, "after_digit": 0}
     for traj in trajectories:
         texts = [t.text.strip() for t in traj.turns]
         digits = [int(x) if len(x) == 1 and x.isdigit() else None for x in texts]
@@ -201,6 +204,9 @@ def turn_rates(tasks: list, trajectories: list) -> dict[str, float]:
                 continue  # this role sees the value: not blind
             prev = digits[k - 1]
             blind["n"] += 1
+            if prev is not None:
+                blind["after_digit"] += 1
+                blind["own_stray"] += digits[k] not in (prev, (prev - 1) % 10)
             if prev is None or digits[k] is None:
                 blind["stray"] += 1
                 continue
@@ -211,6 +217,7 @@ def turn_rates(tasks: list, trajectories: list) -> dict[str, float]:
         "first_stray": first["stray"] / max(first["n"], 1),
         "correction_per_turn": blind["correction"] / max(blind["n"], 1),
         "blind_stray_per_turn": blind["stray"] / max(blind["n"], 1),
+        "blind_own_stray_per_turn": blind["own_stray"] / max(blind["after_digit"], 1),
     }
 
 
@@ -373,6 +380,42 @@ def run_study(cfg: RelayStudyConfig, log: Any = print) -> dict[str, dict[str, An
     return done
 
 
+def recount_turns(out: Path, log: Any = print) -> None:
+    """The turn rates of finished cells again (what `turn_rates` counts now), from their run directories:
+    each cell's final T = 1 episodes regenerated (same seeds; its reward must equal the one on record) and
+    its rates written to turn_rates.jsonl beside cells.jsonl (cells.jsonl is left as the study wrote it)."""
+    import json
+
+    import torch
+
+    from teamtr.training.run_dir import RunDir
+    from teamtr.training.trainer import Trainer
+
+    torch.set_num_threads(1)
+    cfg = RelayStudyConfig(**{**json.loads((out / "config.json").read_text()), "out": out})
+    path = out / "turn_rates.jsonl"
+    done = {json.loads(line)["key"] for line in path.read_text().splitlines()} if path.exists() else set()
+    for key, cell in read_cells(out / "cells.jsonl").items():
+        if key in done:
+            continue
+        n, legibility, delta, seed = cell["n"], cell["legibility"], cell["delta"], cell["seed"]
+        if cell["arm"] == "warm":
+            tcfg = train_config(n, legibility, cfg.deltas[0], 0, "teamtr", warm_model(n, legibility, cfg), cfg)
+            run = RunDir(str(cfg.out / "runs" / cell_key(n, legibility, None, None, "warm")))
+            tasks, final = episodes(run.engine("fresh"), run, 0, 1.0, cfg.eval_episodes)
+        else:
+            tcfg = train_config(n, legibility, delta, seed, cell["arm"], warm_model(n, legibility, cfg), cfg)
+            trainer = Trainer(tcfg)
+            trainer.train()  # finished: restores the run's final team
+            tasks, final = episodes(trainer.engine, RunDir(tcfg.run_dir), seed, 1.0, cfg.eval_episodes)
+        accuracy = float(np.mean([t.reward for t in final]))
+        if abs(accuracy - cell["accuracy_t1"]) > 1e-9:
+            raise RuntimeError(f"{key}: regenerated T = 1 accuracy {accuracy} is not the recorded {cell['accuracy_t1']}")
+        with open(path, "a") as f:
+            f.write(json.dumps({"key": key, "turn_rates_t1": turn_rates(tasks, final)}) + "\n")
+        log(f"{key}: turn rates recounted")
+
+
 def parse_args(argv: list[str] | None) -> RelayStudyConfig:
     d = RelayStudyConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -409,6 +452,10 @@ def parse_args(argv: list[str] | None) -> RelayStudyConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if "--recount-turns" in args:  # the finished cells' turn rates again (`recount_turns`), nothing trained
+        recount_turns(parse_args([a for a in args if a != "--recount-turns"]).out)
+        return
     cells = run_study(parse_args(argv))
     print(f"{len(cells)} cells in cells.jsonl")
 

@@ -16,8 +16,11 @@ Per (n, l, delta) it prints the issue's lines with their pass/fail: the share of
 delta_eff (exact KL on held-out episodes neither the batch nor the probe saw) exceeded delta (<= 5%), the
 median delta_eff / delta (>= 0.5), at l = 0 the seeds ending above their warm start beyond noise (>= 4 of 5;
 T = 1 return on 1000 held-out tasks, 2 standard errors of the difference), at l = 1 every seed within 2
-points of its warm start or above, the stages undone by eval.keep_best, and the blind roles' stray mass per
-turn at T = 1 (<= 0.02).
+points of its warm start or above, the stages undone by eval.keep_best, and the blind roles' own stray mass
+per turn at T = 1 (<= 0.02; over blind turns after a digit, `relay_study.py --recount-turns` for cells
+written before that count). Beside them, how well the enforced figure predicts the measured one: the median and
+95th percentile of delta_eff / the probe's bound at the kept point, and their ratio, the largest median
+delta_eff / delta any aim of that probe reaches with at most 5% of updates beyond delta (`attainable`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,20 @@ def beyond_noise(after: float, before: float, n_after: int, n_before: int) -> fl
     return (after - before) / se if se > 0 else float("inf") * (after - before)
 
 
+def blind_stray(cell: dict[str, Any]) -> float:
+    """The blind roles' own stray mass per turn (relay_study.turn_rates, recounted into turn_rates.jsonl for
+    cells written before it was counted); the study's first count, which also counts every blind turn after
+    an unreadable one, where a cell has no other."""
+    rates = cell["turn_rates_t1"]
+    return rates.get("blind_own_stray_per_turn", rates["blind_stray_per_turn"])
+
+
+def with_recounts(cells: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """`cells` with the turn rates of turn_rates.jsonl (relay_study.py --recount-turns) where it has them."""
+    recounted = {r["key"]: r["turn_rates_t1"] for r in read_cells(path)}
+    return [{**c, "turn_rates_t1": recounted[c["key"]]} if c["key"] in recounted else c for c in cells]
+
+
 def setting_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (n, l, delta): the issue's figures over the setting's seeds."""
     warm = {(c["n"], c["legibility"]): c for c in cells if c["arm"] == "warm"}
@@ -68,27 +85,46 @@ def setting_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if ok and d is not None
         ]
         gains = [100 * (c["accuracy_t1"] - base["accuracy_t1"]) for c in mine] if base else []
+        # delta_eff over the probe's bound at the kept point: how well the enforced figure predicts the one
+        # measured on fresh episodes (both noisy: 64 episodes each by default)
+        overshoot = [
+            d / u
+            for c in mine
+            for d, u, ok in zip(c["delta_eff"], c.get("kl_probe_ucb") or [], c.get("accepted") or [], strict=False)
+            if ok and d is not None and u
+        ]
         z = [
             beyond_noise(c["accuracy_t1"], base["accuracy_t1"], len(c["rewards_t1"]), len(c["rewards_t1"]))
             for c in mine
         ] if base else []  # fmt: skip
-        stray = [c["turn_rates_t1"]["blind_stray_per_turn"] for c in mine if "turn_rates_t1" in c]
+        stray = [blind_stray(c) for c in mine if "turn_rates_t1" in c]
         rows.append({
             "setting": f"n{n}/l{legibility:g}/d{delta:g}",
             "legibility": legibility,
             "seeds": len(mine),
             "warm_t1": base["accuracy_t1"] if base else None,
-            "warm_stray": base["turn_rates_t1"]["blind_stray_per_turn"] if base else None,
+            "warm_stray": blind_stray(base) if base else None,
             "gains": gains,
             "above": sum(v > 2 for v in z),
             "within_2_points": sum(g >= -2 for g in gains),
             "updates": len(ratios),
             "over_delta": sum(r > 1 for r in ratios) / len(ratios) if ratios else None,
             "median_ratio": statistics.median(ratios) if ratios else None,
+            "overshoot_q50_q95": attainable(overshoot),
             "reverts": [c.get("reverts") for c in mine],
             "stray": stray,
         })  # fmt: skip
     return rows
+
+
+def attainable(overshoot: list[float]) -> tuple[float, float] | None:
+    """(median, 95th percentile) of delta_eff / probe bound over updates. If every update landed its probe
+    bound at the same fraction f of delta, delta_eff > delta in at most 5% of them needs f <= 1 / q95, and the
+    median delta_eff / delta is then at most q50 / q95: the best any aim of this probe can do."""
+    if len(overshoot) < 20:
+        return None
+    q = statistics.quantiles(overshoot, n=20, method="inclusive")
+    return statistics.median(overshoot), q[-1]
 
 
 def verdicts(row: dict[str, Any]) -> dict[str, bool | None]:
@@ -108,23 +144,29 @@ def verdicts(row: dict[str, Any]) -> dict[str, bool | None]:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| setting | seeds | warm T=1 | gain per seed (points) | above beyond noise | delta_eff > delta | "
-        "median delta_eff/delta | stages undone | blind stray per turn (warm) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "median delta_eff/delta | delta_eff/bound q50, q95 (best median at 5%) | stages undone | "
+        "blind stray per turn (warm) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['setting']} | {r['seeds']} | {r['warm_t1']:.3f} | {' / '.join(f'{g:+.1f}' for g in r['gains'])} | "
-            f"{r['above']}/{r['seeds']} | {r['over_delta']:.1%} | {r['median_ratio']:.2f} | "
+            f"{r['above']}/{r['seeds']} | {r['over_delta']:.1%} | {r['median_ratio']:.2f} | {precision(r)} | "
             f"{' / '.join(str(x) for x in r['reverts'])} | "
             f"{' / '.join(f'{s:.3f}' for s in r['stray'])} ({r['warm_stray']:.3f}) |"
         )
     return "\n".join(lines)
 
 
+def precision(row: dict[str, Any]) -> str:
+    q = row["overshoot_q50_q95"]
+    return "-" if q is None else f"{q[0]:.2f}, {q[1]:.2f} ({q[0] / q[1]:.2f})"
+
+
 def report(root: Path) -> str:
     """`root`: the trainer's cells (cells.jsonl) and its ablations' (ablations/NAME/cells.jsonl)."""
     parts = [f"## TeamTR (the default trainer: {root.name})", ""]
-    rows = setting_rows(read_cells(root / "cells.jsonl"))
+    rows = setting_rows(with_recounts(read_cells(root / "cells.jsonl"), root / "turn_rates.jsonl"))
     parts += [table(rows), ""]
     for r in rows:
         marks = ", ".join(
@@ -134,7 +176,9 @@ def report(root: Path) -> str:
     parts += ["", "## Ablations (n = 4, l = 0, delta 0.15; each switches one part back)", ""]
     ablation_rows = []
     for name in ABLATIONS:
-        for r in setting_rows(read_cells(root / "ablations" / name / "cells.jsonl")):
+        folder = root / "ablations" / name
+        cells = with_recounts(read_cells(folder / "cells.jsonl"), folder / "turn_rates.jsonl")
+        for r in setting_rows(cells):
             ablation_rows.append({**r, "setting": f"{name}: {r['setting']}"})
     parts.append(table(ablation_rows) if ablation_rows else "(no ablation cells yet)")
     return "\n".join(parts) + "\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -136,3 +137,27 @@ def test_relay_study_runs_resumes_and_writes_one_line_per_cell(tiny_model, tmp_p
     generated = [s[0] for s in naive["stage_tokens"]]
     assert generated[-2] < budget <= generated[-1]  # it stopped at the first stage boundary past the budget
     assert "n2/l0/d0.3/seed0/teamtr_reversed" in secondary
+
+    # the finished cells' turn rates counted again from their run directories: the same final episodes
+    # (recount_turns refuses a cell whose regenerated reward differs from the recorded one)
+    relay_study.recount_turns(tmp_path, log=lambda _m: None)
+    recounted = [json.loads(line) for line in (tmp_path / "turn_rates.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in recounted] == list(relay_study.read_cells(tmp_path / "cells.jsonl"))
+    assert all("blind_own_stray_per_turn" in r["turn_rates_t1"] for r in recounted)
+
+
+def test_blind_own_stray_leaves_out_turns_after_an_unreadable_one():
+    import relay_study
+
+    task = SimpleNamespace(id="t", meta={"value": 3, "role_views": [True, False, False]})
+
+    def episode(*texts: str) -> SimpleNamespace:
+        turns = [SimpleNamespace(text=x, role=f"r{k}") for k, x in enumerate(texts)]
+        return SimpleNamespace(task_id="t", turns=turns)
+
+    # role 1 unreadable, blind role 2 writes 7 (counted stray: nothing to copy), blind role 3 copies 7;
+    # then a clean episode whose blind roles copy, then one where blind role 3 strays on its own (9 after 4)
+    rates = relay_study.turn_rates([task], [episode("x", "7", "7"), episode("3", "3", "3"), episode("4", "4", "9")])
+    assert rates["blind_stray_per_turn"] == pytest.approx(2 / 6)  # the turn after "x" and the 9
+    assert rates["blind_own_stray_per_turn"] == pytest.approx(1 / 5)  # only the 9, over turns after a digit
+    assert rates["correction_per_turn"] == 0 and rates["slip"] == pytest.approx(1 / 3)
