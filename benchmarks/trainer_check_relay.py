@@ -36,10 +36,12 @@ ROOT = Path("benchmarks/results/trainer_check/relay_2026_12_04")  # the defaults
 # each ablation switches one part of the default trainer back to its behaviour before 2026-12
 ABLATIONS: dict[str, dict[str, Any]] = {
     "sampled_check": {"trust_region.check": "sampled"},  # items 1-2: k3 on the batch's tokens, per epoch
+    "adamw": {"optim.optimizer": "adamw"},  # item 2's first step: AdamW's lr * sign(g) on every weight
     "group_normalised": {"loss.advantage": "group_normalised"},  # item 3: the std-normalised baseline
     "no_stratify": {"rollout.stratify": False},  # item 4: B independent prompts (not balanced over values)
     "no_keep_best": {"eval.keep_best": False},  # item 5: no stage-level revert
     "credit_prefix": {"loss.credit": "prefix"},  # item 3's option (not an ablation): credit from the prefix
+    "forward_kl": {"trust_region.direction": "forward"},  # item 1's direction: forward only (default: max)
 }
 
 
