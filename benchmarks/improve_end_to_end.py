@@ -403,20 +403,20 @@ def report(cells: list[dict[str, Any]]) -> str:
             f"| {m['train']} / {m['gate']} / {m['canary'] if m['canary'] is not None else '-'} "
             f"| {c['seconds'] / 60:.1f} |"
         )
-    better = [c for c in cells if c["condition"] == "better"]
-    worse = [c for c in cells if c["condition"] == "worse"]
-    truly_better = [c for c in better if c["fresh"]["truly"] == "better"]
-    promoted_better = sum(c["decision"] == "promoted" for c in truly_better)
-    promoted_worse = sum(c["decision"] == "promoted" for c in worse)
-    gains = ", ".join(f"{c['fresh']['candidate'] - c['fresh']['incumbent']:+.3f}" for c in better)
-    failed = sum(c["failed_requests"] for c in cells)
     rows.append("")
-    rows.append(
-        f"better: {len(truly_better)} of {len(better)} candidates truly better on the fresh tasks (gains {gains}), "
-        f"{promoted_better} of them promoted (rule: a truly better candidate promoted in >= 4 of 5 seeds); "
-        f"worse: {promoted_worse} of {len(worse)} promoted (rule: 0); failed requests {failed} of "
-        f"{sum(c['requests'] for c in cells)}"
-    )
+    for condition in dict.fromkeys(c["condition"] for c in cells):  # judged by the truth, whatever the reward
+        mine = [c for c in cells if c["condition"] == condition]
+        better = [c for c in mine if c["fresh"]["truly"] == "better"]
+        worse = [c for c in mine if c["fresh"]["truly"] == "worse"]
+        gains = ", ".join(f"{c['fresh']['candidate'] - c['fresh']['incumbent']:+.3f}" for c in mine)
+        rows.append(
+            f"{condition}: {len(better)} of {len(mine)} candidates truly better on the fresh tasks, "
+            f"{sum(c['decision'] == 'promoted' for c in better)} of them promoted (rule: >= 4 of 5); "
+            f"{len(worse)} truly worse, {sum(c['decision'] == 'promoted' for c in worse)} of them promoted "
+            f"(rule: 0); gains {gains}"
+        )
+    failed = sum(c["failed_requests"] for c in cells)
+    rows.append(f"failed requests {failed} of {sum(c['requests'] for c in cells)}")
     return "\n".join(rows)
 
 
