@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relay_study import RelayStudyConfig, settings  # noqa: E402
+from relay_study import RelayStudyConfig, lab_warm_rates, settings  # noqa: E402
+from team_size_study import read_cells  # noqa: E402
 
 from teamtr.training.stage import ScheduleConfig  # noqa: E402
 from teamtr.training.theory.scaling import ScalingConfig, make_team  # noqa: E402
@@ -101,13 +102,21 @@ def main(argv: list[str] | None = None) -> None:
         "--deltas", nargs="+", type=float, default=None,
         help="the lab's per-message radii (default: the study's deltas; e.g. the delta_eff the LLM steps reach)",
     )  # fmt: skip
+    p.add_argument(
+        "--warm-cells", type=Path, default=None,
+        help="a study's cells.jsonl: its warm cells' (n, l) and measured turn rates replace the rates above",
+    )  # fmt: skip
     a = p.parse_args(argv)
     warm = {"relay_slip": a.slip, "relay_correction": a.correction, "relay_stray": a.stray,
             "relay_first_stray": a.first_stray}  # fmt: skip
     study = RelayStudyConfig()
+    measured = [c for c in read_cells(a.warm_cells).values() if c["arm"] == "warm"] if a.warm_cells else []
+    setups = [((c["n"], c["legibility"]), lab_warm_rates(c["n"], c["turn_rates_t1"])) for c in measured] or [
+        (setting, warm) for setting in settings(study)
+    ]
     rows = [
-        predict(n, legibility, delta, a.stages or study.stages, a.seeds, a.noise, warm)
-        for n, legibility in settings(study)
+        predict(n, legibility, delta, a.stages or study.stages, a.seeds, a.noise, rates)
+        for (n, legibility), rates in setups
         for delta in a.deltas or study.deltas
     ]
     a.out.mkdir(parents=True, exist_ok=True)
