@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/relay_study.py                  # the whole design (resumable)
     .venv/bin/python benchmarks/relay_study.py --pilot          # n = 4, l = 0, one seed, both deltas
+    .venv/bin/python benchmarks/relay_study.py --recount-turns --out DIR   # turn rates of finished cells again
 
 Design (benchmarks/results/relay_study/preregistration.md): task `relay` (evals/tasks/relay.py) with
 n in {2, 4, 6} roles at legibility l = 0, and l = 1 at n = 4 (the negative control); per-message delta in
@@ -396,11 +397,10 @@ def recount_turns(out: Path, log: Any = print) -> None:
     path = out / "turn_rates.jsonl"
     done = {json.loads(line)["key"] for line in path.read_text().splitlines()} if path.exists() else set()
     for key, cell in read_cells(out / "cells.jsonl").items():
-        if key in done:
+        if key in done or "blind_own_stray_per_turn" in cell.get("turn_rates_t1", {}):
             continue
         n, legibility, delta, seed = cell["n"], cell["legibility"], cell["delta"], cell["seed"]
         if cell["arm"] == "warm":
-            tcfg = train_config(n, legibility, cfg.deltas[0], 0, "teamtr", warm_model(n, legibility, cfg), cfg)
             run = RunDir(str(cfg.out / "runs" / cell_key(n, legibility, None, None, "warm")))
             tasks, final = episodes(run.engine("fresh"), run, 0, 1.0, cfg.eval_episodes)
         else:
