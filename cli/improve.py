@@ -35,7 +35,7 @@ def improve(
     ),
     last: int = typer.Option(None, help="learn from the newest N served episodes"),
     since_s: float = typer.Option(None, help="... or from those of the last S seconds"),
-    held_out: float = typer.Option(0.25, help="share of the newest distinct prompts held out for the gate"),
+    held_out: float = typer.Option(0.5, help="share of the newest distinct prompts held out for the gate"),
     reward: str = typer.Option(
         "verifier",
         help="training reward: verifier | verifier:TASK | module:function(prompt, response) | judge:FILE "

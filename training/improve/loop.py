@@ -64,7 +64,7 @@ class ImproveConfig:
     traces: str | None = None  # read served episodes from this span store instead of GET /admin/episodes
     last: int | None = None  # the newest N episodes ...
     since_s: float | None = None  # ... or those of the last S seconds
-    held_out_fraction: float = 0.25
+    held_out_fraction: float = 0.5  # 0.25 refused 2 of 4 truly better candidates (docs/improve.md)
     # the training reward: verifier | verifier:TASK | module:function | judge:FILE | feedback (served
     # exploratory episodes' /v1/feedback alone: feedback.py)
     reward: str = "verifier"
