@@ -51,7 +51,7 @@ from teamtr.training.improve.stats import gate_test
 
 TESTS = Path(__file__).parent
 FAMILY = LowStart()
-TRAIN = [t.prompt for t in FAMILY.generate(48, seed=11)]  # 48 distinct: 12 held out for the gate
+TRAIN = [t.prompt for t in FAMILY.generate(48, seed=11)]  # 48 distinct: 24 held out for the gate (--held-out 0.5)
 LAST = ["--last", str(len(TRAIN))]
 # small, fast improve runs; the first test's gate and canary are explicit non-inferiority tests with a
 # margin of 2 (rewards in [0, 1]: any candidate passes) so the promotion path runs to the end
@@ -280,7 +280,7 @@ def test_bad_candidates_are_refused_or_rolled_back(monkeypatch, served):
     (gate,) = read_records(work / "decisions.jsonl")
     figures = gate["figures"]
     assert figures["judge"] == "improve_fixtures:same_start" and figures["test"] == "superiority"
-    assert figures["prompts"] == 12 and figures["incumbent_reward"] == 1.0, figures
+    assert figures["prompts"] == 24 and figures["incumbent_reward"] == 1.0, figures
     assert figures["difference"] <= 0 and not figures["lower_bound"] > 0
     assert client.list_versions().current == {r: 1 for r in ROLES} and client.candidate() is None
 
@@ -453,7 +453,7 @@ def test_watch_starts_rounds_on_new_traffic_backs_off_after_a_refusal_and_report
     assert ended["rounds"] == 1 and ended["last_decision"] == "refused" and ended["setbacks"] == 1
     assert ended["phase"] == "backing_off" and ended["backoff_s"] == WATCH_BACKOFF
     figures = ended["figures"]
-    assert figures["gate_prompts"] == 12 and figures["gate_kl_limit"] == KL_TIGHT
+    assert figures["gate_prompts"] == 24 and figures["gate_kl_limit"] == KL_TIGHT
     assert max(v for k, v in figures.items() if k.startswith("gate_kl_adder")) > KL_TIGHT
     between = records[running[0] + 1 : running[1]]  # backing off until not_before, then (if the
     # traffic is not all there yet) waiting
@@ -476,6 +476,6 @@ def test_watch_starts_rounds_on_new_traffic_backs_off_after_a_refusal_and_report
     assert samples[("teamtr_improve_phase", (("phase", "backing_off"), ("team", "t")))] == 1
     assert samples[("teamtr_improve_backoff_seconds", (("team", "t"),))] == 2 * WATCH_BACKOFF
     figure = ("teamtr_improve_last_decision_figure", (("figure", "gate_prompts"), ("team", "t")))
-    assert samples[figure] == 12
+    assert samples[figure] == 24
     assert samples[("teamtr_candidate_version", (("adapter", "adder2"),))] == 0  # nothing left staged
     assert traffic.failures == []
