@@ -18,9 +18,10 @@ median delta_eff / delta (>= 0.5), at l = 0 the seeds ending above their warm st
 T = 1 return on 1000 held-out tasks, 2 standard errors of the difference), at l = 1 every seed within 2
 points of its warm start or above, the stages undone by eval.keep_best, and the blind roles' own stray mass
 per turn at T = 1 (<= 0.02; over blind turns after a digit, `relay_study.py --recount-turns` for cells
-written before that count). Beside them, how well the enforced figure predicts the measured one: the median and
-95th percentile of delta_eff / the probe's bound at the kept point, and their ratio, the largest median
-delta_eff / delta any aim of that probe reaches with at most 5% of updates beyond delta (`attainable`).
+written before that count). Beside them, how well the enforced figure predicts the measured one: the
+median and 95th percentile of delta_eff / the probe's bound at the kept point, and their ratio, the largest
+median delta_eff / delta any aim of that probe reaches with at most 5% of updates beyond delta
+(`attainable`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ def setting_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         overshoot = [
             d / u
             for c in mine
-            for d, u, ok in zip(c["delta_eff"], c.get("kl_probe_ucb") or [], c.get("accepted") or [], strict=False)
+            for d, u, ok in zip(
+                c["delta_eff"], c.get("kl_probe_ucb") or [], c.get("accepted") or [], strict=False
+            )
             if ok and d is not None and u
         ]
         z = [
