@@ -137,8 +137,18 @@ def final_answer(state: ProblemState) -> str | None:
 
 
 def reward(task: TaskInstance, state: ProblemState) -> float:
-    """The config's `team.reward`: 1 when the finalizer's last integer is the answer, else 0."""
-    return float(last_integer(state.get("answer")) == str(task.answer))
+    """The config's `team.reward`: 1 when the finalizer's last integer is the answer; 0.5 when it is not but
+    the calculator's value is (the team found the answer and the finalizer lost it: partial credit gives
+    the reader a signal of its own); else 0."""
+    if last_integer(state.get("answer")) == str(task.answer):
+        return 1.0
+    return 0.5 if str(state.get("value")) == str(task.answer) else 0.0
+
+
+def verify(task: TaskInstance, response: str) -> float:
+    """The answer alone, right or wrong (`teamtr eval RUN_DIR --verifier examples.word_problems:verify`):
+    the accuracy the team is judged by, without the reward's partial credit."""
+    return float(last_integer(response) == str(task.answer))
 
 
 # The author's own tasks: three kinds of one-step story, numbers small enough for a 135M model.

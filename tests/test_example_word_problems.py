@@ -18,7 +18,9 @@ def test_the_reward_is_the_finalizers_last_integer():
     task = TaskInstance(id="t", prompt="Ann has 7 pens and gets 5 more. How many pens?", answer="12")
     assert wp.reward(task, {"answer": "7 + 5 = 12"}) == 1.0
     assert wp.reward(task, {"answer": "12 pens, not 7"}) == 0.0
+    assert wp.reward(task, {"answer": "7", "value": 12}) == 0.5  # the calculator had it
     assert wp.reward(task, {}) == 0.0
+    assert wp.verify(task, "so 12") == 1.0 and wp.verify(task, "12 or 7") == 0.0
 
 
 def test_the_committed_task_files_are_what_the_example_writes(tmp_path):
