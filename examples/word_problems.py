@@ -1,8 +1,8 @@
 """A user's first graph on the default base (SmolLM2-135M-Instruct): four roles over word problems.
 
-    python examples/word_problems.py write              # the author's own tasks: train and held-out files
+    python examples/word_problems.py                    # the author's own tasks: train and held-out files
     teamtr train examples/word_problems.yaml            # TeamTR on the graph below (docs/graphs.md)
-    python examples/word_problems.py report runs/word_problems   # held-out accuracy before / after, 95% CI
+    teamtr eval runs/word_problems --verifier examples.word_problems:verify   # accuracy, start vs trained
 
 reader -> calculate (plain Python) -> an expression it can evaluate? -> checker -> finalizer -> END
                                                   | no
@@ -11,7 +11,8 @@ reader -> calculate (plain Python) -> an expression it can evaluate? -> checker 
 The reader turns the story into a calculation ("7+5"); a plain node evaluates the first one it finds; the
 checker states the result when there is one, the solver works the problem in words when there is not;
 the finalizer writes the number the team answers. The reward is 1 when the finalizer's last integer is the
-answer. Only `models.model(role)` in `speak` is teamtr's.
+answer, with partial credit (`reward`); `verify` scores the answer alone. Only `models.model(role)` in
+`speak` is teamtr's.
 
 Status: the untrained team is right on 19% of the held-out file (greedy); the settings under which it
 learns within 20 minutes are not found yet (benchmarks/results/word_problems_smollm2/README.md).
@@ -22,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
@@ -178,19 +178,7 @@ def write_tasks(path: Path, count: int, seed: int, prefix: str) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def report(run_dir: Path) -> dict:
-    """Held-out accuracy before and after (greedy, the run's metrics.jsonl), the gain and its 95% interval."""
-    sys.path.insert(0, str(HERE))
-    from smollm2_team import gain  # the same Newcombe interval the SmolLM2 example reports
-
-    return gain(run_dir)
-
-
 if __name__ == "__main__":
-    command = sys.argv[1] if len(sys.argv) > 1 else "write"
-    if command == "write":
-        write_tasks(TRAIN_FILE, 400, seed=1, prefix="train")
-        write_tasks(HELDOUT_FILE, 100, seed=2, prefix="heldout")
-        print(f"wrote {TRAIN_FILE} (400 tasks) and {HELDOUT_FILE} (100 tasks)")
-    else:
-        print(report(Path(sys.argv[2] if len(sys.argv) > 2 else "runs/word_problems")))
+    write_tasks(TRAIN_FILE, 400, seed=1, prefix="train")
+    write_tasks(HELDOUT_FILE, 100, seed=2, prefix="heldout")
+    print(f"wrote {TRAIN_FILE} (400 tasks) and {HELDOUT_FILE} (100 tasks)")
