@@ -34,6 +34,22 @@ from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
 
 PROMPTS = ["3+4+5", "1+2+3", "9+8+7", "2+6+1", "5+5+5", "7+1+4", "4+4+2", "8+3+6"]
 
+# Architectures the update check can build with random weights (`--shape`): an update's memory does not
+# depend on the weights' values, so a machine with no hub measures the model a user will train.
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-8b": {  # Qwen/Qwen3-8B's config.json: 8.19 B parameters, untied embedding and LM head
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-tiny": {  # the same architecture at test size (tests/test_gpu_check.py)
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 2048, "tie_word_embeddings": False,
+    },
+}  # fmt: skip
+
 
 def default_model() -> str:
     """The demo's shipped warm model (a tiny Llama over characters: every check runs on it anywhere)."""
@@ -44,6 +60,28 @@ def default_model() -> str:
     if path is None:
         raise SystemExit("no shipped demo model in this install: pass --model")
     return str(path)
+
+
+def random_model(shape: str, out_dir: Path, device: str, tokenizer_from: str) -> str:
+    """A model folder of architecture SHAPES[shape] with random bfloat16 weights (initialised on `device`, so
+    an 8B model takes seconds on a GPU) and `tokenizer_from`'s tokenizer (the update draws random token ids
+    from the model's own vocabulary, so which tokenizer does not matter)."""
+    import gc
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    settings = dict(SHAPES[shape])
+    config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(str(out_dir))
+    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(str(out_dir))
+    del model
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return str(out_dir)
 
 
 def random_lora(model_dir: str, out_dir: Path, seed: int, rank: int) -> Path:
@@ -156,19 +194,24 @@ def update_check(
         out["allocated_before_gb"] = round(torch.cuda.memory_allocated() / 1e9, 3)
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    logp = policy.logp(msgs, grad=True)
-    loss = -(logp * msgs.mask).sum() / msgs.mask.sum()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    if cuda:
-        torch.cuda.synchronize()
+    try:
+        logp = policy.logp(msgs, grad=True)
+        loss = -(logp * msgs.mask).sum() / msgs.mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        out["loss"] = float(loss)
+        finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p).all()) for p in params.values())
+        out["finite"] = finite
+        del logp, loss
+    except torch.OutOfMemoryError:  # where an update does not fit is a figure too (the peak it reached)
+        out["out_of_memory"], out["finite"] = True, None
     out["seconds"] = round(time.perf_counter() - t0, 3)
     out["peak_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3) if cuda else None
     out["peak_reserved_gb"] = round(torch.cuda.max_memory_reserved() / 1e9, 3) if cuda else None
-    out["loss"] = float(loss)
-    out["finite"] = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p).all()) for p in params.values())
-    del engine, policy, optimizer, params, logp, loss
+    del engine, policy, optimizer, params
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -311,7 +354,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--no-vllm", action="store_true", help="skip the vLLM server (the stage rolls out embedded)"
     )
-    parser.add_argument("--update-messages", type=int, default=4, help="messages of the log-prob update")
+    parser.add_argument(
+        "--update-messages", type=int, nargs="+", default=[4], help="messages of the log-prob update (each)"
+    )
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), default=None, help="a model of this architecture, random weights"
+    )
     parser.add_argument(
         "--update-tokens",
         type=int,
@@ -323,9 +371,15 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if args.shape and not args.update_only:
+        parser.error("--shape measures the log-prob update only: add --update-only")
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    model = args.model or default_model()
     t0 = time.perf_counter()
+    shape_dir = tempfile.TemporaryDirectory() if args.shape else None
+    if shape_dir is not None:
+        model = random_model(args.shape, Path(shape_dir.name), args.device, args.model or default_model())
+    else:
+        model = args.model or default_model()
     result: dict[str, Any] = {
         "device": args.device, "dtype": dtype, "model": model, "torch": torch.__version__,
         "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -339,13 +393,17 @@ def main(argv: list[str] | None = None) -> dict:
         )
     # one update of the log-prob pass, without and with body checkpointing, before vLLM takes GPU memory
     update_tokens = args.update_tokens or (64 if args.device == "cpu" else 1024)
-    result["update"] = [
-        update_check(model, args.device, dtype, args.update_messages, update_tokens, args.lora_rank, ckpt)
-        for ckpt in (False, True)
-    ]
-    print(json.dumps({"update": result["update"]}), file=sys.stderr, flush=True)  # kept if a timeout comes
+    result["update"] = []
+    for messages in args.update_messages:
+        for ckpt in (False, True):
+            done = update_check(model, args.device, dtype, messages, update_tokens, args.lora_rank, ckpt)
+            result["update"].append(done)
+            print(json.dumps({"update": done}), file=sys.stderr, flush=True)  # kept if a timeout comes
+    if shape_dir is not None:
+        result["shape"] = args.shape
+        shape_dir.cleanup()
     if args.update_only:
-        result["ok"] = all(u["finite"] for u in result["update"])
+        result["ok"] = all(u["finite"] for u in result["update"] if not u.get("out_of_memory"))
         return _finish(result, t0, args.out)
     server = None
     with tempfile.TemporaryDirectory() as tmp:

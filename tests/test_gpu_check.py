@@ -66,3 +66,13 @@ def test_the_gpu_check_dry_run_with_vllm_swaps_and_stage(tmp_path, vllm_model_di
     assert all(g["max"] < 1e-3 and g["tokens"] > 0 for g in vllm["logprob_gap"].values())  # float32 vLLM
     assert vllm["swaps"] == {**vllm["swaps"], "count": 2, "failures": 0}
     assert result["stage"]["rollout_engine"] == "vllm" and result["stage"]["logprob_gap_max"] < 1e-3
+
+
+def test_the_update_check_builds_a_named_architecture_with_random_weights(tmp_path):
+    """`--shape`: Qwen3's architecture and vocabulary (151,936) at test size, no hub; each message count
+    with and without checkpointing, a finite update each."""
+    sizes = ["--update-messages", "2", "3", "--update-tokens", "48"]
+    proc, result = gpu_check(tmp_path, "--update-only", "--shape", "qwen3-tiny", *sizes)
+    assert proc.returncode == 0 and result["ok"] and result["shape"] == "qwen3-tiny", proc.stderr[-2000:]
+    runs = [(u["messages"], u["gradient_checkpointing"], u["vocab"], u["finite"]) for u in result["update"]]
+    assert runs == [(m, ckpt, 151936, True) for m in (2, 3) for ckpt in (False, True)]
