@@ -38,6 +38,19 @@ def test_an_update_without_signal_is_skipped_not_rejected():
     assert "accepted" in update_line(update(no_signal=False, accepted=True))
 
 
+def test_an_update_line_says_what_evidence_it_rests_on_and_how_far_it_was_extrapolated():
+    """1-4 of 8 groups with spread, steps scaled 105-512x to the region's edge: SmolLM2's updates on a
+    4-role graph (benchmarks/results/word_problems_smollm2/README.md) show it on their line."""
+    record = {**update(no_signal=False, accepted=True), "signal_groups": 1}
+    record.update(stop="extrapolated", extrapolate_scale=512.0)
+    line = update_line(record)
+    assert "on 1 group with spread" in line and "(extrapolated x512)" in line
+    plain = update_line({**update(no_signal=False, accepted=True), "signal_groups": 6, "stop": "epochs"})
+    assert "on 6 groups with spread" in plain and "extrapolated" not in plain
+    skipped = update_line({**update(no_signal=True, accepted=False), "signal_groups": 1})
+    assert "with spread" not in skipped  # the group's spread did not reach this role's messages
+
+
 def test_first_updates_without_reward_spread_warn_with_the_likely_causes():
     quiet = [update(True, False), update(True, False)]
     warning = no_signal_warning(quiet, temperature=1.0)

@@ -27,6 +27,12 @@ def update_line(r: dict[str, Any]) -> str:
     else:
         verdict = "[green]accepted[/]" if r["accepted"] else "[red]rejected[/]"
     back = f" ({r['backtracks']} backtracks)" if r["backtracks"] else ""
+    if r.get("stop") == "extrapolated" and r.get("extrapolate_scale"):  # the step's length set by the KL
+        back += f" (extrapolated x{r['extrapolate_scale']:.0f})"
+    # the evidence an update rests on: groups (prompts) whose episodes did not all score alike
+    groups = r.get("signal_groups")
+    shown = groups is not None and not r.get("no_signal")  # skipped: the role's own advantages were all 0
+    spread = f" on {groups} group{'s' * (groups != 1)} with spread" if shown else ""
     gap = f" stale-gap {r['stale_gap']:.3f}" if r.get("stale_gap") is not None else ""
     ess = f" ESS/B {r['ess']:.2f}" if r.get("ess") is not None else ""
     c = r["certificate"]
@@ -37,7 +43,7 @@ def update_line(r: dict[str, Any]) -> str:
         else f"cert {c['value']:+.3f} (proxy)"
     )
     return (
-        f"stage {r['stage']} update {r['index']} [bold]{r['role']}[/] reward {r['reward']:.3f} "
+        f"stage {r['stage']} update {r['index']} [bold]{r['role']}[/] reward {r['reward']:.3f}{spread} "
         f"d_hat {r['d_hat']:.4f}/{r['delta']:g} {verdict}{back} L_hat {r['certificate']['surrogate']:+.4f} "
         f"{cert}{gap}{ess}"
     )
