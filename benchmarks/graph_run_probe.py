@@ -1,9 +1,9 @@
 """What a graph run's team does on its held-out tasks: mean reward, the paths taken, a few transcripts.
 
-    python benchmarks/word_problems_probe.py runs/word_problems --temperature 0 --episodes 40 --show 8
+    python benchmarks/graph_run_probe.py runs/word_problems --temperature 0 --episodes 40 --show 8
 
-Used to size examples/word_problems.py on SmolLM2 (benchmarks/results/word_problems_smollm2/README.md):
-the untrained team (stage 0) unless --stage is given.
+Any graph run (`team.graph`): the untrained team (stage 0) unless --stage is given. Used to size
+examples/word_problems.py on SmolLM2 (benchmarks/results/word_problems_smollm2/README.md).
 """
 
 from __future__ import annotations
