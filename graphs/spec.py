@@ -79,6 +79,10 @@ class TeamConfig(_Strict):
     # sigma: the roles in the order TeamTR updates them each stage (schedule.order then fixes, reverses or
     # shuffles it); None = the order `roles` lists them in
     order: list[str] | None = None
+    # the roles TeamTR updates (a subset of the roles, in any order); the others keep their adapter's
+    # version 0 (a fresh LoRA adapter speaks as the base model) and go on speaking in every episode.
+    # None = every role. Training only the roles that lose the team's answers halves a stage's time
+    train: list[str] | None = None
     recursion_limit: int | None = Field(None, ge=1)  # a graph episode's LangGraph step limit; None = 25
     # the default base: a model folder, hub id, GGUF file or shipped name (serving/engines/models.py);
     # None = the task's cached warm-started model, or for a user's graph SmolLM2 (`default_model`)
@@ -165,11 +169,17 @@ def team_roles(team: TeamConfig, task: TaskConfig, default_roles: DefaultRoles) 
         roles = check_order(team.order, roles)
     except ConfigObjectError as e:
         raise SpecError(str(e)) from None
+    unknown = sorted(set(team.train or []) - {r.name for r in roles})
+    if unknown or team.train == []:
+        names = [r.name for r in roles]
+        raise SpecError(f"team.train {team.train} must name some of the roles {names}; unknown: {unknown}")
     roles = with_bases(roles, team.role_bases)
     if team.shared_adapter:  # one policy for every role: one adapter, so one base model
         bases = sorted({r.base_model for r in roles})
         if len(bases) > 1:
             raise SpecError(f"team.shared_adapter: one adapter sits on one base model; the roles use {bases}")
+        if team.train is not None:
+            raise SpecError("team.train with team.shared_adapter: one adapter speaks every role, so all train")
         roles = [dataclasses.replace(r, adapter=SHARED_ADAPTER) for r in roles]
     return roles
 

@@ -90,6 +90,23 @@ def test_parallel_merge_trains_on_private_views(tiny_model, tmp_path):
     assert_resampled_after_each_update(records, ["reader_a", "reader_b", "merger"])
 
 
+def test_team_train_updates_only_the_roles_it_names(tiny_model, tmp_path):
+    cfg = example_config("parallel_merge", tiny_model, tmp_path / "run", **{"team.train": ["merger"]})
+    records = train(cfg)
+    assert_resampled_after_each_update(records, ["merger"])
+    adapters = Path(cfg.run_dir) / "adapters"
+    assert sorted(p.name for p in (adapters / "reader_a").iterdir()) == ["v0"]  # never moved
+    (merger,) = [r for r in records if r["kind"] == "update"]
+    assert merger["versions_before"]["reader_a"] == 0
+
+
+def test_team_train_naming_no_role_is_refused(tiny_model, tmp_path):
+    for train_ in (["mergr"], []):
+        cfg = example_config("parallel_merge", tiny_model, tmp_path / "run", **{"team.train": train_})
+        with pytest.raises(SpecError, match=r"team.train .* must name some of the roles"):
+            train(cfg)
+
+
 # ---- bad input --------------------------------------------------------------------------------------
 
 BAD_SOURCE = """

@@ -71,6 +71,12 @@ def held_out_return(team: Team, task: TaskFamily, tasks: list[TaskInstance], see
     }
 
 
+def trained_units(units: dict[str, list[Role]], train: list[str] | None) -> list[str]:
+    """The update units a stage runs, in role order: every unit (one per adapter), or those of the roles
+    `team.train` names; the rest keep their adapters' version 0."""
+    return [u for u, members in units.items() if train is None or any(m.name in train for m in members)]
+
+
 class Trainer:
     """`Trainer(cfg).train()`: a whole run in cfg.run_dir, resumed from its checkpoint if there is one."""
 
@@ -163,7 +169,7 @@ class Trainer:
         for stage in range(start_stage, cfg.stages):
             if cfg.max_rollout_tokens is not None and state.train_tokens >= cfg.max_rollout_tokens:
                 break
-            self._stage(team, list(team.units), stage, evaluate)  # the roles (one unit if they share an adapter)
+            self._stage(team, trained_units(team.units, cfg.team.train), stage, evaluate)
         summary = self._on_main(lambda: run_summary(state, read_metrics(self.run_dir, kind="update")))
         metrics.log("run", state.step, **summary)
         metrics.close()
