@@ -179,7 +179,7 @@ def team_roles(team: TeamConfig, task: TaskConfig, default_roles: DefaultRoles) 
         if len(bases) > 1:
             raise SpecError(f"team.shared_adapter: one adapter sits on one base model; the roles use {bases}")
         if team.train is not None:
-            raise SpecError("team.train with team.shared_adapter: one adapter speaks every role, so all train")
+            raise SpecError("team.train with team.shared_adapter: one adapter speaks every role")
         roles = [dataclasses.replace(r, adapter=SHARED_ADAPTER) for r in roles]
     return roles
 
