@@ -105,6 +105,11 @@ def test_team_train_naming_no_role_is_refused(tiny_model, tmp_path):
         cfg = example_config("parallel_merge", tiny_model, tmp_path / "run", **{"team.train": train_})
         with pytest.raises(SpecError, match=r"team.train .* must name some of the roles"):
             train(cfg)
+    cfg = example_config(
+        "parallel_merge", tiny_model, tmp_path / "run", **{"team.train": ["merger"], "team.shared_adapter": True}
+    )
+    with pytest.raises(SpecError, match=r"team.train with team.shared_adapter"):
+        train(cfg)
 
 
 # ---- bad input --------------------------------------------------------------------------------------
