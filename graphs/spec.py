@@ -81,7 +81,7 @@ class TeamConfig(_Strict):
     order: list[str] | None = None
     # the roles TeamTR updates (a subset of the roles, in any order); the others keep their adapter's
     # version 0 (a fresh LoRA adapter speaks as the base model) and go on speaking in every episode.
-    # None = every role. Training only the roles that lose the team's answers halves a stage's time
+    # None = every role. A stage then costs only the named roles' updates
     train: list[str] | None = None
     recursion_limit: int | None = Field(None, ge=1)  # a graph episode's LangGraph step limit; None = 25
     # the default base: a model folder, hub id, GGUF file or shipped name (serving/engines/models.py);
