@@ -208,6 +208,30 @@ def test_message_kl_equals_a_brute_force_sum_over_the_vocabulary(engine, tempera
     engine.restore_adapter("r1", cur)
 
 
+def test_kept_pi_cur_states_give_bit_identical_kls_without_its_passes(engine, monkeypatch):
+    """The trust region checks one set again and again against fixed pi_cur weights: with `before_states`
+    pi_cur's body pass runs on the first call only and every KL is bit-identical to the uncached one."""
+    cur = engine.snapshot_adapter("r1")
+    side = Side(engine, "base", "r1")
+    kept: list = []
+    passes = []
+    states = Side.states
+    monkeypatch.setattr(Side, "states", lambda self, ps, cs: passes.append(len(ps)) or states(self, ps, cs))
+    torch.manual_seed(2)
+    for call in range(2):
+        with torch.no_grad():
+            for p in engine.adapter_parameters("r1").values():
+                p.add_(torch.randn_like(p) * 0.05)
+        passes.clear()
+        cached, ratio_cached = message_divergences(side, PROMPTS, COMPLETIONS, cur, chunk=2, before_states=kept)
+        assert len(kept) == 2 and passes == ([2, 2, 1, 1] if call == 0 else [2, 1])
+        fresh, ratio = message_divergences(side, PROMPTS, COMPLETIONS, cur, chunk=2)
+        assert float(fresh.forward.min()) > 1e-4
+        for a, b in ((cached.forward, fresh.forward), (cached.reverse, fresh.reverse), (ratio_cached, ratio)):
+            assert torch.equal(a, b)
+    engine.restore_adapter("r1", cur)
+
+
 def test_full_logprobs_holds_completion_positions_only(engine):
     side = Side(engine, "base", "r2")
     with torch.no_grad():

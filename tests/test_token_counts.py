@@ -98,10 +98,11 @@ def test_a_batch_counts_its_prefill_and_an_update_counts_its_passes(tiny_model, 
         assert team.state.train_pass_tokens == (1 + 2 * cfg.optim.epochs) * per_pass
     else:
         # pi_old's scoring, the epochs' training passes, pi_new's pass at the end, and after every optimiser
-        # step the exact KL's two passes (pi_cur and pi_now) over the batch's and the probe's messages
+        # step the exact KL's pi_now pass over the batch's and the probe's messages (pi_cur's pass only at
+        # the first check: its states are kept)
         steps = update.record["optimiser_steps"]
         assert steps == cfg.optim.epochs * -(-len(msgs) // cfg.optim.minibatch_messages)
-        region = 2 * steps * (per_pass + pass_tokens(*probe))
+        region = (steps + 1) * (per_pass + pass_tokens(*probe))
         assert team.state.train_pass_tokens == (2 + cfg.optim.epochs) * per_pass + region
     assert update.record["train_pass_tokens"] == team.state.train_pass_tokens
     assert update.record["train_prefill_tokens"] == team.state.train_prefill_tokens

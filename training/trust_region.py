@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
+from teamtr.serving.engines.embedded_scoring import CompletionStates
 from teamtr.training.config import TrustRegionConfig
 from teamtr.training.token_counts import pass_tokens
-from teamtr.training.vocab_kl import Side, message_kl
+from teamtr.training.vocab_kl import Side, message_divergences
 
 
 @dataclass
@@ -179,6 +180,8 @@ class ExactRegion:
         self.side, self.temperature, self.cfg = side, temperature, cfg
         self.start = side.engine.snapshot_adapter(side.adapter, side.base)
         self.sets = {"batch": batch, "probe": probe}
+        # pi_cur's hidden states per set, from the first check on (vocab_kl.message_divergences)
+        self.cur_states: dict[str, list[CompletionStates]] = {"batch": [], "probe": []}
         self.z = NormalDist().inv_cdf(cfg.probe_confidence)
         self.passed_tokens = 0  # tokens through the model in its KL passes (training/token_counts.py count 3)
 
@@ -187,8 +190,13 @@ class ExactRegion:
         prompts, completions = self.sets[which]
         if not prompts:
             return torch.zeros(0)
-        kl = message_kl(self.side, prompts, completions, self.start, self.temperature)
-        self.passed_tokens += 2 * pass_tokens(prompts, completions)  # pi_cur's pass and pi_now's
+        cached = self.cur_states[which]
+        first = not cached
+        kl, _ = message_divergences(
+            self.side, prompts, completions, self.start, self.temperature, before_states=cached
+        )
+        # pi_now's pass; pi_cur's only the first time
+        self.passed_tokens += (2 if first else 1) * pass_tokens(prompts, completions)
         values = kl.of(self.cfg.direction)
         return values / kl.tokens.clamp_min(1.0) if self.cfg.per_token else values
 

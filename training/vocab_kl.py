@@ -147,23 +147,41 @@ Weights = dict[str, torch.Tensor]
 
 
 def message_divergences(
-    side: Side, prompts: Messages, completions: Messages, before: Weights, t: float = 1.0, chunk: int = 8
+    side: Side,
+    prompts: Messages,
+    completions: Messages,
+    before: Weights,
+    t: float = 1.0,
+    chunk: int = 8,
+    before_states: list[CompletionStates] | None = None,
 ) -> tuple[MessageKL, torch.Tensor]:
     """`message_kl`'s KLs (p = the adapter at weights `before`, q = as it is now, both pi_T at temperature
     `t`) and, per message, sum_u log q(x_u) - log p(x_u) of its sampled tokens ([M]), from the same forward
     passes. Without gradients; the adapter holds q's weights again when this returns. `chunk` messages'
-    hidden states at a time; the vocabulary a chunk of positions at a time."""
-    q_weights = side.engine.snapshot_adapter(side.adapter, side.base)
+    hidden states at a time; the vocabulary a chunk of positions at a time.
+
+    `before_states`: p's hidden states, one entry per chunk, kept between calls on the same messages and
+    `before` (a list filled by the first call): p never moves while an update is checked again and again,
+    so its body passes run once (half of every later check). The LM head is applied at call time, as
+    without the list, so the KLs are bit-identical either way."""
+    q_weights: Weights | None = None
     per_message: list[torch.Tensor] = []
     with torch.no_grad(), side.active():
-        for s in range(0, len(prompts), chunk):
+        for i, s in enumerate(range(0, len(prompts), chunk)):
             ps, cs = prompts[s : s + chunk], completions[s : s + chunk]
             q = side.states(ps, cs)
-            side.engine.restore_adapter(side.adapter, before, side.base)
-            try:
-                p = side.states(ps, cs)
-            finally:
-                side.engine.restore_adapter(side.adapter, q_weights, side.base)
+            if before_states is not None and i < len(before_states):
+                p = before_states[i]
+            else:
+                if q_weights is None:
+                    q_weights = side.engine.snapshot_adapter(side.adapter, side.base)
+                side.engine.restore_adapter(side.adapter, before, side.base)
+                try:
+                    p = side.states(ps, cs)
+                finally:
+                    side.engine.restore_adapter(side.adapter, q_weights, side.base)
+                if before_states is not None:
+                    before_states.append(p)
             sums = torch.zeros((len(ps), 3), device=p.hidden.device)
             per_message.append(sums.index_add_(0, p.message_index(), position_divergences(p, q, t)).cpu())
     sums = torch.cat(per_message) if per_message else torch.zeros((0, 3))
