@@ -5,6 +5,11 @@ nearest the cell's measured delta_eff, whether the cell matches it, and the prer
 with its lab-matched reading; cells not yet run leave the rule "pending".
 
     .venv/bin/python benchmarks/relay_report.py [--out benchmarks/results/relay_study/main]
+    .venv/bin/python benchmarks/relay_report.py --out benchmarks/results/relay_study/main_delta06
+
+A delta 0.6 study is read by the rule of its addendum (addendum_delta06.md: `decide_delta06`, also on
+seeds 3-9 alone), with the shared adapter beside naive and sequential GRPO; the first study by the
+preregistration's (`decide`).
 
 writes report.md, summary.json, gap_vs_n.png (measured gap and interval beside the predicted point and
 band) and curves.png (T = 1 return before and after each stage, per arm, mean over seeds).
@@ -22,12 +27,14 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parent))
-from relay_study import ARMS, SECONDARY_ARMS, RelayStudyConfig, seeds_of, setting_key, settings  # noqa: E402
+from relay_study import SECONDARY_ARMS, RelayStudyConfig, seeds_of, setting_key, settings  # noqa: E402
 from team_size_study import read_cells  # noqa: E402
 
 from teamtr.training.token_counts import three_counts  # noqa: E402
 
-COMPARED = ("naive", "sequential_grpo")  # TeamTR minus each
+COMPARED = ("naive", "sequential_grpo", "shared_adapter")  # TeamTR minus each
+REPORTED = ("teamtr", *COMPARED)  # the arms of the main table (the shared adapter: issue 37's study only)
+SECONDARY = tuple(a for a in SECONDARY_ARMS if a not in REPORTED)
 
 
 def paired_t(diffs: list[float]) -> dict[str, Any]:
@@ -57,36 +64,43 @@ def nearest_prediction(warm: dict[str, Any], delta_eff: float) -> dict[str, Any]
     return min(warm["lab_prediction"], key=lambda p: abs(p["delta"] - delta_eff))
 
 
-def analyse(cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def analyse(
+    cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]], skip_seeds: frozenset[int] = frozenset()
+) -> list[dict[str, Any]]:
+    """Per setting: each arm's figures and TeamTR minus each compared arm, paired over the seeds where
+    both ran; `seeds_done` counts the seeds where TeamTR and naive (the primary pair) both ran. Seeds in
+    `skip_seeds` are left out (and out of the plan): the addendum's reading without the pilot's seeds."""
     rows = []
     for delta in cfg.deltas:
         for n, legibility in settings(cfg):
-            planned = seeds_of(cfg, legibility, delta, n)
-            if planned == 0:
+            seeds = [s for s in range(seeds_of(cfg, legibility, delta, n)) if s not in skip_seeds]
+            if not seeds:
                 continue
             key = setting_key(n, legibility, delta)
             warm = cells.get(f"n{n}/l{legibility:g}/warm")
-            by_arm = {a: [cells.get(f"{key}/seed{s}/{a}") for s in range(planned)] for a in ARMS}
-            complete = [s for s in range(planned) if all(by_arm[a][s] for a in ARMS)]
+            by_arm = {a: {s: cells.get(f"{key}/seed{s}/{a}") for s in seeds} for a in REPORTED}
+            complete = [s for s in seeds if by_arm["teamtr"][s] and by_arm["naive"][s]]
             row: dict[str, Any] = {
                 "setting": key, "n": n, "legibility": legibility, "delta": delta,
-                "seeds_planned": planned, "seeds_done": len(complete),
+                "seeds_planned": len(seeds), "seeds_done": len(complete),
                 "warm": warm["accuracy_t1"] if warm else None,
             }  # fmt: skip
-            for arm in ARMS:
-                done = [c for c in by_arm[arm] if c]
+            for arm in REPORTED:
+                done = [c for c in by_arm[arm].values() if c]
                 deltas = update_deltas(done)
                 row[arm] = {
                     "accuracy_t1": [c["accuracy_t1"] for c in done],
                     "curve_t1": [c.get("curve_t1") for c in done],
                     "delta_eff_mean": float(np.mean(deltas)) if deltas else None,
+                    "delta_eff_median": float(np.median(deltas)) if deltas else None,
                     "rejected_fraction": [c["rejected_fraction"] for c in done],
                     # updates whose out-of-sample KL exceeds the radius they were held to in-sample
                     "beyond_delta": sum(x > delta for x in deltas) / len(deltas) if deltas else None,
                 }
             for other in COMPARED:
+                both = [s for s in seeds if by_arm["teamtr"][s] and by_arm[other][s]]
                 row[f"teamtr_minus_{other}"] = paired_t(
-                    [by_arm["teamtr"][s]["accuracy_t1"] - by_arm[other][s]["accuracy_t1"] for s in complete]
+                    [by_arm["teamtr"][s]["accuracy_t1"] - by_arm[other][s]["accuracy_t1"] for s in both]
                 )
             if warm and row["teamtr"]["delta_eff_mean"] is not None:
                 pred = nearest_prediction(warm, row["teamtr"]["delta_eff_mean"])
@@ -117,11 +131,11 @@ def secondary(cfg: RelayStudyConfig, cells: dict[str, dict[str, Any]]) -> list[d
         for n, legibility in settings(cfg):
             key = setting_key(n, legibility, delta)
             seeds = range(seeds_of(cfg, legibility, delta, n))
-            by_arm = {a: {s: cells.get(f"{key}/seed{s}/{a}") for s in seeds} for a in ("teamtr", *SECONDARY_ARMS)}
-            if not any(c for a in SECONDARY_ARMS for c in by_arm[a].values()):
+            by_arm = {a: {s: cells.get(f"{key}/seed{s}/{a}") for s in seeds} for a in ("teamtr", *SECONDARY)}
+            if not any(c for a in SECONDARY for c in by_arm[a].values()):
                 continue
             row: dict[str, Any] = {"setting": key, "n": n, "legibility": legibility, "delta": delta}
-            for arm in SECONDARY_ARMS:
+            for arm in SECONDARY:
                 both = [s for s in seeds if by_arm[arm][s] and by_arm["teamtr"][s]]
                 done = [by_arm[arm][s] for s in both]
                 row[arm] = {
@@ -166,7 +180,7 @@ def secondary_markdown(rows: list[dict[str, Any]], costs: list[dict[str, Any]]) 
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        for arm in SECONDARY_ARMS:
+        for arm in SECONDARY:
             a = r[arm]
             if not a["seeds"]:
                 continue
@@ -232,19 +246,62 @@ def decide(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {"rule": rule, "lab_matched_reading": reading}
 
 
+def decide_delta06(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule of benchmarks/results/relay_study/addendum_delta06.md, with its premise checks. Supported:
+    n4/l0/d0.6's paired 95% CI of TeamTR - naive lies above 0 and the l = 1 control's contains 0 or lies
+    within [-2, +2] points; refuted: n4/l0's upper end is below +5 points; else inconclusive."""
+    by = {r["setting"]: r for r in rows}
+
+    def done(key: str) -> dict[str, Any] | None:
+        r = by.get(key)
+        return r if r and r["seeds_done"] == r["seeds_planned"] else None
+
+    main, control = done("n4/l0/d0.6"), done("n4/l1/d0.6")
+    rule = "pending"
+    if main:
+        lo, hi = main["teamtr_minus_naive"]["ci95"]
+        if hi < 0.05:
+            rule = "refuted"
+        elif lo <= 0:
+            rule = "inconclusive"
+        elif control:
+            c_lo, c_hi = control["teamtr_minus_naive"]["ci95"]
+            flat = c_lo <= 0 <= c_hi or (c_lo >= -0.02 and c_hi <= 0.02)
+            rule = "supported" if flat else "inconclusive"
+        else:
+            rule = "pending (the l = 1 control)"
+    beyond = {
+        r["setting"]: r["teamtr"]["beyond_delta"] for r in rows if r["teamtr"]["beyond_delta"] is not None
+    }
+    n4 = by.get("n4/l0/d0.6")
+    naive_median = n4["naive"]["delta_eff_median"] if n4 else None
+    return {
+        "rule": rule,
+        # the premises: the study ran at its radius, and naive reached the lab's large-gap regime
+        "teamtr_within_delta": "-" if not beyond else "yes" if max(beyond.values()) <= 0.05 else "no",
+        "naive_median_delta_eff_n4": "-" if naive_median is None else f"{naive_median:.3f} (>= 0.07 needed)",
+    }
+
+
+RULES = {"preregistration": decide, "addendum_delta06": decide_delta06}
+
+
 def points(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}"
 
 
 def table_markdown(rows: list[dict[str, Any]], decision: dict[str, str]) -> str:
     lines = [
-        "| setting | seeds | warm | TeamTR / naive / GRPO (T = 1) | TeamTR - naive [95%] | TeamTR - GRPO [95%] "
-        "| delta_eff (TeamTR) | updates beyond delta (TeamTR / naive / GRPO) | predicted (radius) [band] "
+        "| setting | seeds | warm | TeamTR / naive / GRPO / shared (T = 1) | TeamTR - naive [95%] "
+        "| TeamTR - GRPO [95%] | TeamTR - shared [95%] | delta_eff (TeamTR) "
+        "| updates beyond delta (TeamTR / naive / GRPO / shared) | predicted (radius) [band] "
         "| matches | TeamTR above warm |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        arms = " / ".join(f"{np.mean(r[a]['accuracy_t1']):.3f}" if r[a]["accuracy_t1"] else "-" for a in ARMS)
+        arms = " / ".join(
+            f"{np.mean(r[a]['accuracy_t1']):.3f}" if r[a]["accuracy_t1"] else "-" for a in REPORTED
+        )
         gaps = []
         for other in COMPARED:
             g = r[f"teamtr_minus_{other}"]
@@ -262,19 +319,17 @@ def table_markdown(rows: list[dict[str, Any]], decision: dict[str, str]) -> str:
         above = r["teamtr_above_warm"]
         warm = "-" if r["warm"] is None else f"{r['warm']:.3f}"
         shares = " / ".join(
-            "-" if r[a]["beyond_delta"] is None else f"{r[a]['beyond_delta']:.0%}" for a in ARMS
+            "-" if r[a]["beyond_delta"] is None else f"{r[a]['beyond_delta']:.0%}" for a in REPORTED
         )
         lines.append(
             f"| {r['setting']} | {r['seeds_done']}/{r['seeds_planned']} | "
             f"{warm} | {arms} | "
-            f"{gaps[0]} | {gaps[1]} | {'-' if d_eff is None else f'{d_eff:.3f}'} | {shares} | {pred_text} | "
+            f"{' | '.join(gaps)} | {'-' if d_eff is None else f'{d_eff:.3f}'} | {shares} | {pred_text} | "
             f"{'-' if 'matches' not in r else ('yes' if r['matches'] else 'no')} | "
             f"{'-' if above is None else f'{sum(above)} of {len(above)}'} |"
         )
-    lines += [
-        "",
-        f"Decision rule: **{decision['rule']}**; lab-matched reading: **{decision['lab_matched_reading']}**.",
-    ]
+    rest = "; ".join(f"{k.replace('_', ' ')}: **{v}**" for k, v in decision.items() if k != "rule")
+    lines += ["", f"Decision rule: **{decision['rule']}**" + (f"; {rest}." if rest else ".")]
     return "\n".join(lines) + "\n"
 
 
@@ -284,8 +339,9 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, delta in zip(axes, (0.3, 0.05), strict=True):
+    deltas = sorted({r["delta"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(deltas), figsize=(5 * len(deltas), 4), sharey=True, squeeze=False)
+    for ax, delta in zip(axes[0], deltas, strict=True):
         mine = [r for r in rows if r["delta"] == delta and r["legibility"] == 0.0 and r["seeds_done"]]
         for r in mine:
             g = r["teamtr_minus_naive"]
@@ -300,7 +356,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
         ax.set(title=f"delta {delta:g}, l = 0", xlabel="roles n", xticks=[2, 4, 6])
         if mine:
             ax.legend(loc="best", fontsize=8)
-    axes[0].set_ylabel("TeamTR - naive, T = 1 return (points)")
+    axes[0][0].set_ylabel("TeamTR - naive, T = 1 return (points)")
     fig.tight_layout()
     fig.savefig(out / "gap_vs_n.png", dpi=120)
     plt.close(fig)
@@ -308,7 +364,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     shown = [r for r in rows if r["seeds_done"]]
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(4 * max(1, len(shown)), 3.5), squeeze=False)
     for ax, r in zip(axes[0], shown, strict=False):
-        for i, arm in enumerate(ARMS):
+        for i, arm in enumerate(REPORTED):
             curves = [c for c in r[arm]["curve_t1"] if c]
             if curves:
                 ax.plot(range(len(curves[0])), np.mean(curves, axis=0), marker="o", color=f"C{i}", label=arm)
@@ -328,11 +384,18 @@ def main(argv: list[str] | None = None) -> None:
         "--counts", type=Path, default=Path("benchmarks/results/relay_study/token_counts"),
         help="a one-stage run of every arm whose cells give the three token counts per stage (if present)",
     )  # fmt: skip
+    p.add_argument(
+        "--rule", choices=sorted(RULES),
+        help="the decision rule (default: the addendum's for a delta 0.6 study, else the preregistration's)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     cfg = RelayStudyConfig(**{**json.loads((a.out / "config.json").read_text()), "out": a.out})  # the design
+    rule = a.rule or ("addendum_delta06" if cfg.deltas == [0.6] else "preregistration")
     cells = read_cells(a.out / "cells.jsonl")
     rows = analyse(cfg, cells)
-    decision = decide(rows)
+    decision = RULES[rule](rows)
+    if rule == "addendum_delta06":  # also without the seeds the pilot had shown (the addendum says so)
+        decision["rule_on_seeds_3_to_9"] = decide_delta06(analyse(cfg, cells, frozenset(range(3))))["rule"]
     extra = secondary(cfg, cells)
     costs = cost_rows(read_cells(a.counts / "cells.jsonl"))
     (a.out / "summary.json").write_text(

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from relay_report import analyse, cost_rows, decide, paired_t, secondary, secondary_markdown, table_markdown  # noqa: E402
+from relay_report import (  # noqa: E402
+    analyse,
+    cost_rows,
+    decide,
+    decide_delta06,
+    paired_t,
+    secondary,
+    secondary_markdown,
+    table_markdown,
+)
 from relay_study import RelayStudyConfig  # noqa: E402
 
 CONFIG = RelayStudyConfig(sizes=[4, 6, 2], deltas=[0.3], seeds=3, cell_seeds={})
@@ -21,7 +30,9 @@ def prediction(gap: float) -> list[dict]:
     ]
 
 
-def cells(gaps: dict[str, list[float]], predicted: float = 0.6, warm: float = 0.3) -> dict[str, dict]:
+def cells(
+    gaps: dict[str, list[float]], predicted: float = 0.6, warm: float = 0.3, delta: float = 0.3
+) -> dict[str, dict]:
     """One setting per key of `gaps` ('n4/l0'): TeamTR = warm + 0.1 + gap_s, naive = warm + 0.1 per seed."""
     out = {}
     for setting, per_seed in gaps.items():
@@ -30,7 +41,7 @@ def cells(gaps: dict[str, list[float]], predicted: float = 0.6, warm: float = 0.
         for s, g in enumerate(per_seed):
             base = {"delta_eff": [0.25, 0.35], "rejected_fraction": 0.0, "curve_t1": [warm, warm + 0.1]}
             for arm, acc in (("teamtr", warm + 0.1 + g), ("naive", warm + 0.1), ("sequential_grpo", warm)):
-                out[f"{setting}/d0.3/seed{s}/{arm}"] = {**base, "accuracy_t1": acc}
+                out[f"{setting}/d{delta:g}/seed{s}/{arm}"] = {**base, "accuracy_t1": acc}
     return out
 
 
@@ -96,3 +107,40 @@ def test_secondary_arms_are_paired_with_teamtr_and_token_counts_divide_by_naive(
     assert costs["teamtr"]["over_naive"] == pytest.approx([3.0, 400 / 150, 1300 / 1000])
     text = secondary_markdown([row], list(costs.values()))
     assert "| n4/l0/d0.3 | naive_tokens | 2 |" in text and "x3.00 / x2.67 / x1.30" in text
+
+
+DELTA06 = RelayStudyConfig(sizes=[4, 2], deltas=[0.6], seeds=3, cell_seeds={})
+
+
+def test_the_addendum_rule_supports_refutes_and_waits_for_the_control():
+    def rule(n4: list[float], control: list[float] | None = None, skip: frozenset = frozenset()) -> str:
+        data = cells({"n4/l0": n4, "n2/l0": [0.0, 0.01, 0.02]}, delta=0.6)
+        if control is not None:
+            data.update(cells({"n4/l1": control}, delta=0.6))
+        return decide_delta06(analyse(DELTA06, data, skip))["rule"]
+
+    assert rule([0.06, 0.08, 0.07]) == "pending (the l = 1 control)"
+    assert rule([0.06, 0.08, 0.07], [0.01, -0.01, 0.0]) == "supported"
+    assert rule([0.06, 0.08, 0.07], [0.05, 0.06, 0.07]) == "inconclusive"  # the control moved too
+    assert rule([0.01, -0.01, 0.0]) == "refuted"  # upper end below +5 points: no large margin
+    assert rule([0.2, -0.1, 0.05]) == "inconclusive"  # includes 0 and +5
+    assert rule([0.06, 0.08, 0.07, -0.3], [0.0, 0.0, 0.0], frozenset({3})) == "supported"  # seed 3 left out
+    assert rule([0.06, 0.08]) == "pending"  # seed 2 of n = 4 missing
+
+
+def test_the_primary_pair_is_read_before_the_other_arms_have_run():
+    """Issue 37's script runs TeamTR and naive everywhere first: their gap needs no GRPO or shared cell."""
+    data = cells({"n4/l0": [0.06, 0.08, 0.07]}, delta=0.6)
+    for s in range(3):
+        del data[f"n4/l0/d0.6/seed{s}/sequential_grpo"]
+    data["n4/l0/d0.6/seed0/shared_adapter"] = {**data["n4/l0/d0.6/seed0/naive"], "accuracy_t1": 0.35}
+    (row,) = [r for r in analyse(DELTA06, data) if r["setting"] == "n4/l0/d0.6"]
+    assert row["seeds_done"] == 3 and row["teamtr_minus_naive"]["mean"] == pytest.approx(0.07)
+    assert row["teamtr_minus_sequential_grpo"]["seeds"] == 0
+    assert row["teamtr_minus_shared_adapter"]["per_seed"] == pytest.approx([0.3 + 0.1 + 0.06 - 0.35])
+    decision = decide_delta06([row])
+    assert decision["teamtr_within_delta"] == "yes"  # the helper's delta_eff 0.25 / 0.35: inside 0.6
+    assert decision["naive_median_delta_eff_n4"].startswith("0.300")
+    assert "| n4/l0/d0.6 | 3/3 |" in table_markdown([row], decision)
+    data["n4/l0/d0.6/seed1/teamtr"]["delta_eff"] = [0.7, 0.2]  # 1 of 6 updates beyond: more than 5%
+    assert decide_delta06(analyse(DELTA06, data))["teamtr_within_delta"] == "no"
