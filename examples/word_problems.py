@@ -37,6 +37,7 @@ from teamtr.graphs.task import TaskInstance
 HERE = Path(__file__).parent
 TRAIN_FILE = HERE / "word_problems.jsonl"
 HELDOUT_FILE = HERE / "word_problems_heldout.jsonl"
+HELDOUT_LARGE_FILE = HERE / "word_problems_heldout300.jsonl"
 
 
 class ProblemState(TypedDict, total=False):
@@ -169,16 +170,24 @@ def problem(rng: random.Random) -> tuple[str, int]:
     return f"{name} buys {a} packs with {b} {things} in each. How many {things} is that?", a * b
 
 
-def write_tasks(path: Path, count: int, seed: int, prefix: str) -> None:
+def write_tasks(path: Path, count: int, seed: int, prefix: str, unique_from: Path | None = None) -> None:
+    """`count` stories; with `unique_from`, none that is in that file and none twice."""
     rng = random.Random(seed)
+    seen = {json.loads(line)["prompt"] for line in unique_from.read_text().splitlines()} if unique_from else None
     rows = []
-    for index in range(count):
+    while len(rows) < count:
         question, answer = problem(rng)
-        rows.append({"id": f"{prefix}-{index}", "prompt": question, "answer": str(answer)})
+        if seen is not None:
+            if question in seen:
+                continue
+            seen.add(question)
+        rows.append({"id": f"{prefix}-{len(rows)}", "prompt": question, "answer": str(answer)})
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 if __name__ == "__main__":
     write_tasks(TRAIN_FILE, 400, seed=1, prefix="train")
     write_tasks(HELDOUT_FILE, 100, seed=2, prefix="heldout")
-    print(f"wrote {TRAIN_FILE} (400 tasks) and {HELDOUT_FILE} (100 tasks)")
+    # 300 stories the training file does not hold: a paired test that resolves about 5 points
+    write_tasks(HELDOUT_LARGE_FILE, 300, seed=3, prefix="heldout300", unique_from=TRAIN_FILE)
+    print(f"wrote {TRAIN_FILE} (400 tasks), {HELDOUT_FILE} (100) and {HELDOUT_LARGE_FILE} (300)")

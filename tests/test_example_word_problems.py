@@ -32,3 +32,8 @@ def test_the_committed_task_files_are_what_the_example_writes(tmp_path):
     train = {json.loads(line)["prompt"] for line in wp.TRAIN_FILE.read_text().splitlines()}
     heldout = [json.loads(line)["prompt"] for line in wp.HELDOUT_FILE.read_text().splitlines()]
     assert len(heldout) == 100 and sum(p in train for p in heldout) < 10  # stories drawn apart
+    written = tmp_path / wp.HELDOUT_LARGE_FILE.name
+    wp.write_tasks(written, 300, seed=3, prefix="heldout300", unique_from=wp.TRAIN_FILE)
+    assert written.read_text() == wp.HELDOUT_LARGE_FILE.read_text()
+    large = [json.loads(line)["prompt"] for line in written.read_text().splitlines()]
+    assert len(set(large)) == 300 and not set(large) & train  # none seen in training, none twice
