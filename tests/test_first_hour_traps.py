@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from teamtr.training.progress import no_signal_warning, trained_updates, update_line
+from teamtr.training.progress import no_signal_warning, short_step_warning, trained_updates, update_line
 
 
 def update(no_signal: bool, accepted: bool, reward: float = 0.0) -> dict[str, Any]:
@@ -59,6 +59,22 @@ def test_first_updates_without_reward_spread_warn_with_the_likely_causes():
     assert "every episode scored 0" in warning
     assert no_signal_warning(quiet[:1], 1.0) is None  # not before the first batches are in
     assert no_signal_warning([update(True, False), update(False, True, 0.5)], 1.0) is None
+
+
+def test_first_trained_updates_far_short_of_the_region_warn_with_what_lengthens_them():
+    """item 7: SmolLM2's RAdam steps at lr 2e-3 ended at d_hat 0.011 of 0.3 and changed nothing."""
+
+    def trained(d_hat: float) -> dict[str, Any]:
+        return {**update(no_signal=False, accepted=True), "d_hat": d_hat, "delta": 0.3}
+
+    warning = short_step_warning(
+        [update(True, False), trained(0.011), trained(0.02)]
+    )  # a skip is not counted
+    assert warning is not None and "0.0110 of 0.3" in warning
+    assert "optim.lr" in warning and "optim.minibatch_messages" in warning and "extrapolate_rounds" in warning
+    assert short_step_warning([trained(0.011)]) is None  # not before two updates trained
+    assert short_step_warning([trained(0.011), trained(0.2)]) is None  # one step reached the region
+    assert short_step_warning([trained(0.011), update(no_signal=False, accepted=False)]) is None
 
 
 def test_the_summary_counts_the_updates_that_trained():

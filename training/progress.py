@@ -77,6 +77,32 @@ def no_signal_warning(records: list[dict[str, Any]], temperature: float | None =
     )
 
 
+# how many trained updates from the start of a run must all end short of the region before the run warns,
+# and what "short" is (of delta): on SmolLM2 such steps (RAdam at lr 2e-3, d_hat 0.011 of 0.3, extrapolated
+# to its cap) left the greedy answers as they were (benchmarks/results/word_problems_smollm2/README.md)
+SHORT_STEP_WARN_AFTER = 2
+SHORT_STEP_FRACTION = 0.1
+
+
+def short_step_warning(records: list[dict[str, Any]]) -> str | None:
+    """The warning a run prints once when its first SHORT_STEP_WARN_AFTER trained updates all ended below
+    SHORT_STEP_FRACTION of their trust region (the optimiser's steps, extrapolation included, too short to
+    change what the role says), naming the settings that lengthen them; None otherwise."""
+    trained = [r for r in records if r["accepted"] and not r.get("no_signal")][:SHORT_STEP_WARN_AFTER]
+    if len(trained) < SHORT_STEP_WARN_AFTER or any(
+        r["d_hat"] >= SHORT_STEP_FRACTION * r["delta"] for r in trained
+    ):
+        return None
+    reached = ", ".join(f"{r['d_hat']:.4f} of {r['delta']:g}" for r in trained)
+    return (
+        f"warning: the first {len(trained)} trained updates moved their role by a small part of the trust "
+        f"region ({reached}): steps this short rarely change what a role says. Lengthen them: a larger "
+        "optim.lr (RAdam's first steps are short; 1e-2 on SmolLM2 with LoRA), steps over the whole batch "
+        "(optim.minibatch_messages as large as a role's messages per update), or "
+        "trust_region.extrapolate_rounds 2-3 (the KL then sets the length)."
+    )
+
+
 def trained_updates(records: list[dict[str, Any]]) -> dict[str, int]:
     """Updates by outcome: trained (accepted), rejected by the trust region, skipped (no signal)."""
     skipped = sum(bool(r.get("no_signal")) for r in records)
@@ -90,13 +116,15 @@ def trained_updates(records: list[dict[str, Any]]) -> dict[str, int]:
 
 class RichCallbacks(TrainingProgress):
     """Progress bars for stage, role, rollouts and epochs; one printed line per update, and a warning
-    (once) when the run's first updates have no reward spread (`no_signal_warning`)."""
+    (once each) when the run's first updates have no reward spread (`no_signal_warning`) or train with
+    steps far short of the region (`short_step_warning`)."""
 
     def __init__(self, progress: Progress, roles_per_stage: int, temperature: float | None = None) -> None:
         self.p = progress
         self.roles_per_stage = roles_per_stage
         self.temperature = temperature
         self.records: list[dict[str, Any]] = []
+        self.warned_short = False
         self.stage_bar = progress.add_task("stages", total=None)
         self.role_bar = progress.add_task("roles", total=roles_per_stage)
         self.rollout_bar = progress.add_task("rollouts", total=None)
@@ -125,6 +153,11 @@ class RichCallbacks(TrainingProgress):
         if len(self.records) == NO_SIGNAL_WARN_AFTER:
             warning = no_signal_warning(self.records, self.temperature)
             if warning:
+                self.p.console.print(f"[bold yellow]{warning}[/]")
+        if not self.warned_short:
+            warning = short_step_warning(self.records)
+            if warning:
+                self.warned_short = True
                 self.p.console.print(f"[bold yellow]{warning}[/]")
 
     def evaluation(self, label: str, result: dict[str, Any]) -> None:
