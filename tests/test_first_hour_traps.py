@@ -77,6 +77,17 @@ def test_first_trained_updates_far_short_of_the_region_warn_with_what_lengthens_
     assert short_step_warning([trained(0.011), update(no_signal=False, accepted=False)]) is None
 
 
+def test_both_warnings_name_a_recipe_that_exists_and_the_docs_show():
+    """item 7: a user warned that nothing learns is pointed at settings measured to learn on SmolLM2."""
+    root = Path(__file__).parents[1]
+    short = short_step_warning([{**update(False, True), "d_hat": 0.01, "delta": 0.3}] * 2)
+    quiet = no_signal_warning([update(True, False)] * 2, temperature=1.0)
+    for warning in (short, quiet):
+        assert warning is not None and "examples/word_problems.yaml (docs/graphs.md)" in warning
+    assert (root / "examples/word_problems.yaml").exists()
+    assert "teamtr train examples/word_problems.yaml" in (root / "docs/graphs.md").read_text()
+
+
 def test_the_summary_counts_the_updates_that_trained():
     records = [update(True, False), update(False, False), update(False, True), update(False, True)]
     assert trained_updates(records) == {

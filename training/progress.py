@@ -73,7 +73,8 @@ def no_signal_warning(records: list[dict[str, Any]], temperature: float | None =
         f"Likely causes: the sampling temperature ({temp}a small base answers wrong every time at 1.0; "
         "try 0.3-0.7), or a task too hard for the base model (check its greedy score: teamtr eval RUN_DIR "
         "--stage 0; use easier tasks), or a reward that never varies (team.reward). Larger groups "
-        "(rollout.group_size) make a spread more likely."
+        "(rollout.group_size) make a spread more likely. A recipe that learns on SmolLM2: "
+        "examples/word_problems.yaml (docs/graphs.md)."
     )
 
 
@@ -99,7 +100,8 @@ def short_step_warning(records: list[dict[str, Any]]) -> str | None:
         f"region ({reached}): steps this short rarely change what a role says. Lengthen them: a larger "
         "optim.lr (RAdam's first steps are short; 1e-2 on SmolLM2 with LoRA), steps over the whole batch "
         "(optim.minibatch_messages as large as a role's messages per update), or "
-        "trust_region.extrapolate_rounds 2-3 (the KL then sets the length)."
+        "trust_region.extrapolate_rounds 2-3 (the KL then sets the length). A recipe that learns on SmolLM2: "
+        "examples/word_problems.yaml (docs/graphs.md)."
     )
 
 
