@@ -53,6 +53,10 @@ def update_line(r: dict[str, Any]) -> str:
 NO_SIGNAL_WARN_AFTER = 2
 
 
+# where both no-learning warnings send a user: settings measured to learn on the default base
+RECIPE_HINT = "A recipe that learns on SmolLM2: examples/word_problems.yaml (docs/graphs.md)."
+
+
 def no_signal_warning(records: list[dict[str, Any]], temperature: float | None = None) -> str | None:
     """The warning a run prints once when its first NO_SIGNAL_WARN_AFTER updates all had no reward
     spread (every episode of each prompt scored the same, so every advantage was 0 and nothing trained),
@@ -73,8 +77,7 @@ def no_signal_warning(records: list[dict[str, Any]], temperature: float | None =
         f"Likely causes: the sampling temperature ({temp}a small base answers wrong every time at 1.0; "
         "try 0.3-0.7), or a task too hard for the base model (check its greedy score: teamtr eval RUN_DIR "
         "--stage 0; use easier tasks), or a reward that never varies (team.reward). Larger groups "
-        "(rollout.group_size) make a spread more likely. A recipe that learns on SmolLM2: "
-        "examples/word_problems.yaml (docs/graphs.md)."
+        f"(rollout.group_size) make a spread more likely. {RECIPE_HINT}"
     )
 
 
@@ -100,8 +103,7 @@ def short_step_warning(records: list[dict[str, Any]]) -> str | None:
         f"region ({reached}): steps this short rarely change what a role says. Lengthen them: a larger "
         "optim.lr (RAdam's first steps are short; 1e-2 on SmolLM2 with LoRA), steps over the whole batch "
         "(optim.minibatch_messages as large as a role's messages per update), or "
-        "trust_region.extrapolate_rounds 2-3 (the KL then sets the length). A recipe that learns on SmolLM2: "
-        "examples/word_problems.yaml (docs/graphs.md)."
+        f"trust_region.extrapolate_rounds 2-3 (the KL then sets the length). {RECIPE_HINT}"
     )
 
 
