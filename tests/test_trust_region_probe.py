@@ -268,3 +268,60 @@ def test_the_bracket_finds_an_inside_point_wherever_halving_does(search):
     assert kept is not None and kept.inside and kept.value == kl(float(policy.w["w"]))
     if search == "bracket":  # and at least as near the boundary as halving's 1/64
         assert kept.value >= kl(1 / 64)
+
+
+def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter_back(tiny_model, tmp_path):
+    """trust_region.penalty_kl = exact: eq. 10's d_hat is the KL the region constrains (max direction, exact
+    vocabulary sums on the batch's contexts) with its gradient; zero (no graph) before pi_cur's states are
+    kept; a small step down its gradient brings the adapter back towards pi_cur."""
+    from adapter_fixtures import randomise_adapters
+
+    from teamtr.training.trust_region import ExactRegion
+    from teamtr.training.vocab_kl import Side
+
+    cfg = small_config(tiny_model, tmp_path / "run", **{"trust_region.penalty_kl": "exact"})
+    team = stage_team(cfg, tiny_model)
+    engine, policy = team.engine, team.policies["adder1"]
+    batch = team.rollout(0, 0)
+    contexts = (batch_prompts(batch), batch_completions(batch))
+    region = ExactRegion(Side(engine, policy.base, "adder1"), 1.0, contexts, ([], []), cfg.trust_region)
+    every = torch.arange(len(contexts[0]))
+    assert not region.penalty(every).requires_grad  # no check yet: pi_now = pi_cur
+    assert region.check().batch == 0.0  # keeps pi_cur's states
+    randomise_adapters(engine, ["adder1"], std=0.05, seed=3)
+    d_hat = region.penalty(every)
+    measured = float(region.per_message("batch").mean())
+    assert measured > 1e-4 and float(d_hat.detach()) == pytest.approx(measured, rel=1e-5)
+    # a subset: the mean of those messages' own KLs
+    some = every[::2]
+    assert float(region.penalty(some)) == pytest.approx(float(region.per_message("batch")[some].mean()), rel=1e-5)
+    policy.optimizer.zero_grad(set_to_none=True)
+    d_hat.backward()
+    grads = [p.grad for p in policy.params.values() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+    with torch.no_grad():
+        for p in policy.params.values():
+            if p.grad is not None:
+                p -= 0.5 * measured / sum(float((g**2).sum()) for g in grads) * p.grad
+    assert float(region.per_message("batch").mean()) < measured
+
+
+def test_an_update_with_the_exact_penalty_stays_inside_and_moves_otherwise(tiny_model, tmp_path):
+    """The whole step with penalty_kl = exact: accepted inside delta on its probe, at weights that differ
+    from the sampled penalty's (the penalty is in the gradient). Refused without the probe check."""
+    weights, records = {}, {}
+    for penalty in ("sampled", "exact"):
+        cfg = small_config(
+            tiny_model, tmp_path / penalty,
+            **{"optim.lr": 0.05, "optim.optimizer": "radam", "trust_region.delta": 0.02,
+               "trust_region.probe_episodes": 6, "trust_region.penalty_kl": penalty},
+        )  # fmt: skip
+        team = stage_team(cfg, tiny_model)
+        batch = team.rollout(0, 0)
+        records[penalty] = team.update(UpdateContext(0, 1, "adder1", batch, batch, fresh=True, reweight=False)).record
+        weights[penalty] = team.policies["adder1"].weights()
+    for record in records.values():
+        assert record["accepted"] and 0 < record["kl_probe_ucb"] <= 0.02, record
+    assert any(not torch.equal(weights["sampled"][k], weights["exact"][k]) for k in weights["exact"])
+    with pytest.raises(ValueError, match="penalty_kl 'exact'"):
+        small_config(tiny_model, tmp_path / "x", **{"trust_region.penalty_kl": "exact", "trust_region.check": "sampled"})

@@ -188,6 +188,11 @@ class TrustRegionConfig(_Strict):
     # the exact KL the probe check constrains: forward KL(pi_cur || pi_new) (eq. 11), reverse
     # KL(pi_new || pi_cur) (charges new tail mass), or max = the larger of both per message
     direction: Literal["forward", "reverse", "max"] = "max"
+    # What eq. 10's penalty beta * d_hat charges (probe check only): `sampled` = the estimator above on the
+    # batch's own sampled tokens (a forward-KL estimate: it barely sees mass moved to tokens nobody
+    # sampled); `exact` = the KL the check constrains (`direction`, vocabulary sums on the batch's contexts),
+    # so the optimiser's direction pays for new tail mass as the region does
+    penalty_kl: Literal["sampled", "exact"] = "sampled"
     # held-out episodes per update whose role-j contexts form the probe: 16 did not hold the KL's tail over
     # contexts once steps were extrapolated towards delta (the demo's rule, 8.3% beyond delta); 64 did
     probe_episodes: int = Field(64, ge=1)
@@ -219,6 +224,15 @@ class TrustRegionConfig(_Strict):
     # mean of a right-skewed per-message KL read steps at 0.6 delta as beyond delta 17% of the time; 64
     # agrees with the probe (benchmarks/results/trainer_check/README.md)
     heldout_episodes: int = Field(64, ge=0)
+
+    @model_validator(mode="after")
+    def _exact_penalty_needs_probe(self) -> TrustRegionConfig:
+        if self.penalty_kl == "exact" and self.check != "probe":
+            raise ValueError(
+                "trust_region.penalty_kl 'exact' measures the KL the probe check constrains: it needs "
+                "trust_region.check 'probe'"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

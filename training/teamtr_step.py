@@ -243,11 +243,14 @@ def optimise_inside_region(
     for group in policy.optimizer.param_groups:
         group["lr"] = cfg.optim.lr
     gen = torch.Generator().manual_seed(seed)
+    exact_penalty = cfg.trust_region.penalty_kl == "exact"
     return steps_inside_region(
         policy,
         region,
         lambda: torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages),
-        lambda idx: penalised_gradient(policy, msgs.subset(idx), old_logp[idx], cfg, beta),
+        lambda idx: penalised_gradient(
+            policy, msgs.subset(idx), old_logp[idx], cfg, beta, region if exact_penalty else None, idx
+        ),
         policy.optimizer,
         cfg,
         RegionCheck(0.0, 0.0, 0.0, cfg.trust_region.delta),  # at pi_cur
@@ -457,19 +460,36 @@ def penalised_surrogate_epochs(
 
 
 def penalised_gradient(
-    policy: AdapterPolicy, mb: RoleMessages, old_logp: torch.Tensor, cfg: TrainConfig, beta: float
+    policy: AdapterPolicy,
+    mb: RoleMessages,
+    old_logp: torch.Tensor,
+    cfg: TrainConfig,
+    beta: float,
+    region: ExactRegion | None = None,
+    index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The clipped gradient of -(eq. 10) on one minibatch in the adapter's .grad; returns its norm before
-    clipping (non-finite when the loss or the gradient is)."""
+    clipping (non-finite when the loss or the gradient is). With `region` (penalty_kl = exact), d_hat is
+    the region's exact KL on the minibatch's contexts (`index`: their rows in the region's batch), not the
+    sampled tokens' estimate."""
     tr = cfg.trust_region
 
-    def loss_of(new_logp: torch.Tensor) -> torch.Tensor:  # -(eq. 10)
+    def loss_of(new_logp: torch.Tensor) -> torch.Tensor:  # -(eq. 10), or -L(w) when d_hat comes below
         sur = surrogate(new_logp, old_logp, mb, cfg.loss)
+        if region is not None:
+            return -sur.objective
         kl = kl_estimates(new_logp, old_logp, mb.mask, mb.weight)
         return penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)
 
     policy.optimizer.zero_grad(set_to_none=True)
     policy.loss_backward(mb, loss_of)  # one token-budget pass's activations at a time
+    if region is not None and index is not None:
+        # + beta d_hat, exact: this rank's share of the messages, weighted so the ranks' sum is the mean
+        dp = policy.data_parallel
+        start, end = (0, len(index)) if dp is None else dp.shard(len(index))
+        d_hat = region.penalty(index[start:end])
+        if d_hat.requires_grad:
+            (beta * d_hat * (end - start) / len(index)).backward()
     policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
     return torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
 

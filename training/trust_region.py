@@ -29,7 +29,7 @@ import torch
 from teamtr.serving.engines.embedded_scoring import CompletionStates
 from teamtr.training.config import TrustRegionConfig
 from teamtr.training.token_counts import pass_tokens
-from teamtr.training.vocab_kl import Side, message_divergences
+from teamtr.training.vocab_kl import MessageKL, Side, message_divergences, position_divergences
 
 
 @dataclass
@@ -199,6 +199,30 @@ class ExactRegion:
         self.passed_tokens += (2 if first else 1) * pass_tokens(prompts, completions)
         values = kl.of(self.cfg.direction)
         return values / kl.tokens.clamp_min(1.0) if self.cfg.per_token else values
+
+    def penalty(self, index: torch.Tensor) -> torch.Tensor:
+        """The constrained KL (`direction`) of the batch's messages `index` at the adapter as it is now,
+        their mean, with its gradient: eq. 10's d_hat under `penalty_kl = exact`. Zero before the first
+        check has kept pi_cur's states: until then no step was taken, and at pi_now = pi_cur the KL and its
+        gradient are both zero."""
+        cur = self.cur_states["batch"]
+        if not cur or not len(index):
+            return torch.zeros(())
+        rows = [h for s in cur for h in s.hidden.split(s.lengths)]  # pi_cur's states, one entry per message
+        prompts, completions = self.sets["batch"]
+        chosen = index.tolist()
+        ps, cs = [prompts[i] for i in chosen], [completions[i] for i in chosen]
+        with self.side.active():
+            now = self.side.states(ps, cs)
+            before = CompletionStates(
+                torch.cat([rows[i] for i in chosen]), now.targets, now.lengths, now.head
+            )
+            per_position = position_divergences(before, now, self.temperature)
+        self.passed_tokens += pass_tokens(ps, cs)
+        sums = per_position.new_zeros((len(ps), 3)).index_add(0, now.message_index(), per_position)
+        tokens = torch.tensor(now.lengths, dtype=sums.dtype, device=sums.device)
+        values = MessageKL(forward=sums[:, 0], reverse=sums[:, 1], tokens=tokens).of(self.cfg.direction)
+        return (values / tokens.clamp_min(1.0) if self.cfg.per_token else values).mean()
 
     def check(self) -> RegionCheck:
         batch, probe = self.per_message("batch"), self.per_message("probe")
