@@ -9,6 +9,9 @@ part of the trainer back. The cells are benchmarks/relay_study.py cells (resumab
         --set trust_region.check=sampled --out benchmarks/results/trainer_check/relay_2026_12_04/ablations/NAME
     .venv/bin/python benchmarks/trainer_check_relay.py          # the report (report.md beside the cells)
 
+Options and diagnostics measured against one line (VARIANTS below: prefix credit, twice the prompts) run
+the same way into ablations/NAME, each with its rule in the results folder's README.md.
+
 The trainer's cells of 2026-12-03 (AdamW, halving, probe 16; 3 cells) are in trainer_check/relay with their
 report (`--root benchmarks/results/trainer_check/relay`).
 
@@ -41,8 +44,17 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "group_normalised": {"loss.advantage": "group_normalised"},  # item 3: the std-normalised baseline
     "no_stratify": {"rollout.stratify": False},  # item 4: B independent prompts (not balanced over values)
     "no_keep_best": {"eval.keep_best": False},  # item 5: no stage-level revert
-    "credit_prefix": {"loss.credit": "prefix"},  # item 3's option (not an ablation): credit from the prefix
     "forward_kl": {"trust_region.direction": "forward"},  # item 1's direction: forward only (default: max)
+}
+# options and diagnostics measured against the stray line (README.md here has each one's rule); the folder
+# ablations/NAME like the ablations'
+VARIANTS: dict[str, dict[str, Any]] = {
+    "credit_prefix": {"loss.credit": "prefix"},  # item 3's option: credit from the role's own prefix (n = 4)
+    "credit_prefix_n2": {"loss.credit": "prefix"},  # the same at n = 2
+    "default_n2_10seeds": {},  # the default at n = 2, seeds 0-9 (0-4 copied from cells.jsonl)
+    "prompts16_n2": {"rollout.prompts_per_update": 16},  # twice the prompts per update, seeds 0-9
+    "exact_penalty": {"trust_region.penalty_kl": "exact"},  # eq. 10's penalty the region's exact KL (n = 4)
+    "exact_penalty_n2": {"trust_region.penalty_kl": "exact"},  # the same at n = 2, seeds 0-9
 }
 
 
@@ -158,7 +170,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['setting']} | {r['seeds']} | {r['warm_t1']:.3f} | {' / '.join(f'{g:+.1f}' for g in r['gains'])} | "
             f"{r['above']}/{r['seeds']} | {r['over_delta']:.1%} | {r['median_ratio']:.2f} | {precision(r)} | "
             f"{' / '.join(str(x) for x in r['reverts'])} | "
-            f"{' / '.join(f'{s:.3f}' for s in r['stray'])} ({r['warm_stray']:.3f}) |"
+            f"{' / '.join(f'{s:.3f}' for s in r['stray'])} (mean {statistics.mean(r['stray']):.3f}; "
+            f"warm {r['warm_stray']:.3f}) |"
         )
     return "\n".join(lines)
 
@@ -178,15 +191,20 @@ def report(root: Path) -> str:
             f"{line}: {'-' if ok is None else 'pass' if ok else 'FAIL'}" for line, ok in verdicts(r).items()
         )
         parts.append(f"- {r['setting']} ({r['seeds']} seeds): {marks}")
-    parts += ["", "## Ablations (n = 4, l = 0, delta 0.15; each switches one part back)", ""]
-    ablation_rows = []
-    for name in ABLATIONS:
-        folder = root / "ablations" / name
-        cells = with_recounts(read_cells(folder / "cells.jsonl"), folder / "turn_rates.jsonl")
-        for r in setting_rows(cells):
-            ablation_rows.append({**r, "setting": f"{name}: {r['setting']}"})
-    parts.append(table(ablation_rows) if ablation_rows else "(no ablation cells yet)")
+    sections = {
+        "Ablations (n = 4, l = 0, delta 0.15; each switches one part back)": ABLATIONS,
+        "Options and diagnostics (their rules: README.md here)": VARIANTS,
+    }
+    for title, names in sections.items():
+        rows = [{**r, "setting": f"{name}: {r['setting']}"} for name in names for r in named_rows(root, name)]
+        parts += ["", f"## {title}", "", table(rows) if rows else "(no cells yet)"]
     return "\n".join(parts) + "\n"
+
+
+def named_rows(root: Path, name: str) -> list[dict[str, Any]]:
+    """The setting rows of ablations/NAME (an ablation's or a variant's cells)."""
+    folder = root / "ablations" / name
+    return setting_rows(with_recounts(read_cells(folder / "cells.jsonl"), folder / "turn_rates.jsonl"))
 
 
 def main(argv: list[str] | None = None) -> int:
