@@ -295,6 +295,24 @@ def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter
     # a subset: the mean of those messages' own KLs
     some = every[::2]
     assert float(region.penalty(some)) == pytest.approx(float(region.per_message("batch")[some].mean()), rel=1e-5)
+    # in eq. 10's gradient (teamtr_step.penalised_gradient): one pass, or one pass per message (a token
+    # budget of 1), the same gradient
+    from teamtr.training.advantages import advantages_for
+    from teamtr.training.rollouts import messages_of_role
+    from teamtr.training.teamtr_step import penalised_gradient
+
+    msgs = messages_of_role(batch, "adder1", advantages_for(batch.rewards, batch.groups, cfg.loss))
+    assert (msgs.prompts, msgs.completions) == contexts
+    old_logp = policy.logp(msgs, grad=False)
+    by_budget = {}
+    for budget in (policy.token_budget, 1):
+        policy.token_budget = budget
+        penalised_gradient(policy, msgs, old_logp, cfg, 2.0, region, every)
+        by_budget[budget] = {k: p.grad.clone() for k, p in policy.params.items() if p.grad is not None}
+    one_pass, per_message = by_budget.values()
+    assert one_pass.keys() == per_message.keys() and one_pass
+    for k in one_pass:
+        torch.testing.assert_close(per_message[k], one_pass[k], rtol=1e-4, atol=1e-7)
     policy.optimizer.zero_grad(set_to_none=True)
     d_hat.backward()
     grads = [p.grad for p in policy.params.values() if p.grad is not None]

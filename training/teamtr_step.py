@@ -43,7 +43,7 @@ from teamtr.training.losses import (
     monitored_kl,
     penalised_loss,
 )
-from teamtr.training.policy import AdapterPolicy
+from teamtr.training.policy import AdapterPolicy, budget_chunks, message_lengths
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, Speakers, messages_of_role
 from teamtr.training.trust_region import (
     AttemptLog,
@@ -484,12 +484,15 @@ def penalised_gradient(
     policy.optimizer.zero_grad(set_to_none=True)
     policy.loss_backward(mb, loss_of)  # one token-budget pass's activations at a time
     if region is not None and index is not None:
-        # + beta d_hat, exact: this rank's share of the messages, weighted so the ranks' sum is the mean
+        # + beta d_hat, exact: this rank's share of the messages, one token-budget pass at a time (as the
+        # surrogate's), each weighted so that the passes' and the ranks' sum is the minibatch's mean
         dp = policy.data_parallel
         start, end = (0, len(index)) if dp is None else dp.shard(len(index))
-        d_hat = region.penalty(index[start:end])
-        if d_hat.requires_grad:
-            (beta * d_hat * (end - start) / len(index)).backward()
+        lengths = message_lengths(mb.prompts[start:end], mb.completions[start:end])
+        for s, e in budget_chunks(lengths, policy.token_budget):
+            d_hat = region.penalty(index[start + s : start + e])
+            if d_hat.requires_grad:
+                (beta * d_hat * (e - s) / len(index)).backward()
     policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
     return torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
 
