@@ -309,10 +309,18 @@ def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter
         policy.token_budget = budget
         penalised_gradient(policy, msgs, old_logp, cfg, 2.0, region, every)
         by_budget[budget] = {k: p.grad.clone() for k, p in policy.params.items() if p.grad is not None}
+    # ... and with the body's layers checkpointed (optim.gradient_checkpointing)
+    from teamtr.serving.engines.embedded_scoring import enable_body_checkpointing
+
+    enable_body_checkpointing(engine.model(policy.base))
+    policy.gradient_checkpointing, policy.token_budget = True, 10**6
+    penalised_gradient(policy, msgs, old_logp, cfg, 2.0, region, every)
+    checkpointed = {k: p.grad.clone() for k, p in policy.params.items() if p.grad is not None}
     one_pass, per_message = by_budget.values()
-    assert one_pass.keys() == per_message.keys() and one_pass
+    assert one_pass.keys() == per_message.keys() == checkpointed.keys() and one_pass
     for k in one_pass:
         torch.testing.assert_close(per_message[k], one_pass[k], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(checkpointed[k], one_pass[k], rtol=1e-4, atol=1e-7)
     policy.optimizer.zero_grad(set_to_none=True)
     d_hat.backward()
     grads = [p.grad for p in policy.params.values() if p.grad is not None]

@@ -490,7 +490,7 @@ def penalised_gradient(
         start, end = (0, len(index)) if dp is None else dp.shard(len(index))
         lengths = message_lengths(mb.prompts[start:end], mb.completions[start:end])
         for s, e in budget_chunks(lengths, policy.token_budget):
-            d_hat = region.penalty(index[start + s : start + e])
+            d_hat = region.penalty(index[start + s : start + e], policy.gradient_checkpointing)
             if d_hat.requires_grad:
                 (beta * d_hat * (e - s) / len(index)).backward()
     policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)

@@ -200,11 +200,11 @@ class ExactRegion:
         values = kl.of(self.cfg.direction)
         return values / kl.tokens.clamp_min(1.0) if self.cfg.per_token else values
 
-    def penalty(self, index: torch.Tensor) -> torch.Tensor:
+    def penalty(self, index: torch.Tensor, checkpoint_body: bool = False) -> torch.Tensor:
         """The constrained KL (`direction`) of the batch's messages `index` at the adapter as it is now,
         their mean, with its gradient: eq. 10's d_hat under `penalty_kl = exact`. Zero before the first
         check has kept pi_cur's states: until then no step was taken, and at pi_now = pi_cur the KL and its
-        gradient are both zero."""
+        gradient are both zero. `checkpoint_body`: the policy's gradient checkpointing."""
         cur = self.cur_states["batch"]
         if not cur or not len(index):
             return torch.zeros(())
@@ -213,7 +213,7 @@ class ExactRegion:
         chosen = index.tolist()
         ps, cs = [prompts[i] for i in chosen], [completions[i] for i in chosen]
         with self.side.active():
-            now = self.side.states(ps, cs)
+            now = self.side.states(ps, cs, checkpoint_body)
             before = CompletionStates(
                 torch.cat([rows[i] for i in chosen]), now.targets, now.lengths, now.head
             )

@@ -45,11 +45,15 @@ class Side:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer(self.base)
 
-    def states(self, prompts: list[list[int]], completions: list[list[int]]) -> CompletionStates:
+    def states(
+        self, prompts: list[list[int]], completions: list[list[int]], checkpoint_body: bool = False
+    ) -> CompletionStates:
         """The body's last hidden states at the completion positions under this side's weights (grads on
-        when enabled). Call it inside `active()`, and apply the LM head there too."""
+        when enabled; `checkpoint_body`: its layers checkpointed, where enabled on the model). Call it
+        inside `active()`, and apply the LM head there too."""
         return completion_states(
-            self.engine.model(self.base), self.tokenizer.pad_token_id, prompts, completions
+            self.engine.model(self.base), self.tokenizer.pad_token_id, prompts, completions,
+            checkpoint_body=checkpoint_body,
         )
 
     @contextmanager
