@@ -67,6 +67,8 @@ ARMS: dict[str, dict[str, Any]] = {
         **BEFORE_2026_12_04, **ONE_ROUND, "optim.optimizer": "radam", "trust_region.probe_episodes": 64,
         "trust_region.delta": 0.02, "trust_region.heldout_episodes": 64,
     },  # fmt: skip
+    # eq. 10's penalty the exact KL the region constrains (README, rule of 2026-12-05 13:40 UTC)
+    "exact_penalty": {"trust_region.penalty_kl": "exact"},
     "radam_lr1e-2_epochs4_halving": {
         **BEFORE_2026_12_04, "optim.optimizer": "radam", "optim.lr": 1e-2, "optim.epochs": 4,
     },  # fmt: skip
