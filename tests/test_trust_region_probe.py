@@ -349,5 +349,8 @@ def test_an_update_with_the_exact_penalty_stays_inside_and_moves_otherwise(tiny_
     for record in records.values():
         assert record["accepted"] and 0 < record["kl_probe_ucb"] <= 0.02, record
     assert any(not torch.equal(weights["sampled"][k], weights["exact"][k]) for k in weights["exact"])
-    with pytest.raises(ValueError, match="penalty_kl 'exact'"):
-        small_config(tiny_model, tmp_path / "x", **{"trust_region.penalty_kl": "exact", "trust_region.check": "sampled"})
+    for other in ({"trust_region.check": "sampled"}, {"trust_region.enabled": False}):
+        with pytest.raises(ValueError, match="penalty_kl 'exact'"):
+            small_config(tiny_model, tmp_path / "x", **{"trust_region.penalty_kl": "exact", **other})
+    with pytest.raises(ValueError, match="penalty_kl exact"):
+        small_config(tiny_model, tmp_path / "x", **{"trust_region.penalty_kl": "exact", "schedule.kind": "joint"})

@@ -227,10 +227,10 @@ class TrustRegionConfig(_Strict):
 
     @model_validator(mode="after")
     def _exact_penalty_needs_probe(self) -> TrustRegionConfig:
-        if self.penalty_kl == "exact" and self.check != "probe":
+        if self.penalty_kl == "exact" and (self.check != "probe" or not self.enabled):
             raise ValueError(
                 "trust_region.penalty_kl 'exact' measures the KL the probe check constrains: it needs "
-                "trust_region.check 'probe'"
+                "trust_region.check 'probe' and the region enabled"
             )
         return self
 
@@ -315,6 +315,8 @@ class TrainConfig(_Strict):
             )
         if joint and self.team.shared_adapter:
             raise ValueError("team.shared_adapter trains one policy: there is no team to update jointly")
+        if joint and tr.penalty_kl == "exact":
+            raise ValueError("trust_region.penalty_kl exact is the per-agent step's, not schedule joint's")
         return self
 
     @field_validator("schedule", mode="before")

@@ -474,7 +474,7 @@ def penalised_gradient(
     sampled tokens' estimate."""
     tr = cfg.trust_region
 
-    def loss_of(new_logp: torch.Tensor) -> torch.Tensor:  # -(eq. 10), or -L(w) when d_hat comes below
+    def loss_of(new_logp: torch.Tensor) -> torch.Tensor:  # -(eq. 10); -L(w) alone if the exact d_hat follows
         sur = surrogate(new_logp, old_logp, mb, cfg.loss)
         if region is not None:
             return -sur.objective
