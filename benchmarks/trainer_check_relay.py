@@ -183,7 +183,7 @@ def precision(row: dict[str, Any]) -> str:
 
 def report(root: Path) -> str:
     """`root`: the trainer's cells (cells.jsonl) and its ablations' (ablations/NAME/cells.jsonl)."""
-    parts = [f"## TeamTR (the default trainer: {root.name})", ""]
+    parts = [f"## TeamTR ({root.name}: its README.md says which trainer)", ""]
     rows = setting_rows(with_recounts(read_cells(root / "cells.jsonl"), root / "turn_rates.jsonl"))
     parts += [table(rows), ""]
     for r in rows:
