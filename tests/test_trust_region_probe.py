@@ -1,8 +1,8 @@
 """The enforced trust region (trust_region.check = probe, training/teamtr_step.py `optimise_inside_region`)
 and the evidence rules around it: the line search never keeps an iterate beyond delta on its probe (checked
 here by a brute-force vocabulary KL computed independently), a non-finite step is refused bit for bit, rloo
-advantages by hand, too little signal skips the update, and eval.keep_best undoes a stage that validated
-worse than the best earlier one.
+advantages by hand, too little signal skips the update, eval.keep_best undoes a stage that validated
+worse than the best earlier one, and trust_region.penalty_kl = exact puts the region's own KL in eq. 10.
 """
 
 from __future__ import annotations
@@ -12,12 +12,18 @@ import math
 import numpy as np
 import pytest
 import torch
+from adapter_fixtures import randomise_adapters
 from test_training_trainer import small_config, stage_team  # importing it registers the trainer tests' task
 
 from teamtr.graphs.run_layout import read_metrics, versions_after_stage
-from teamtr.training.advantages import group_normalised_advantages
+from teamtr.serving.engines.embedded_scoring import enable_body_checkpointing
+from teamtr.training.advantages import advantages_for, group_normalised_advantages
+from teamtr.training.rollouts import messages_of_role
 from teamtr.training.stage import UpdateContext
 from teamtr.training.stage_safety import BestStage
+from teamtr.training.teamtr_step import penalised_gradient
+from teamtr.training.trust_region import ExactRegion
+from teamtr.training.vocab_kl import Side
 
 torch.set_num_threads(1)
 
@@ -274,11 +280,6 @@ def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter
     """trust_region.penalty_kl = exact: eq. 10's d_hat is the KL the region constrains (max direction, exact
     vocabulary sums on the batch's contexts) with its gradient; zero (no graph) before pi_cur's states are
     kept; a small step down its gradient brings the adapter back towards pi_cur."""
-    from adapter_fixtures import randomise_adapters
-
-    from teamtr.training.trust_region import ExactRegion
-    from teamtr.training.vocab_kl import Side
-
     cfg = small_config(tiny_model, tmp_path / "run", **{"trust_region.penalty_kl": "exact"})
     team = stage_team(cfg, tiny_model)
     engine, policy = team.engine, team.policies["adder1"]
@@ -294,13 +295,9 @@ def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter
     assert measured > 1e-4 and float(d_hat.detach()) == pytest.approx(measured, rel=1e-5)
     # a subset: the mean of those messages' own KLs
     some = every[::2]
-    assert float(region.penalty(some)) == pytest.approx(float(region.per_message("batch")[some].mean()), rel=1e-5)
+    assert float(region.penalty(some).detach()) == pytest.approx(float(region.per_message("batch")[some].mean()), rel=1e-5)
     # in eq. 10's gradient (teamtr_step.penalised_gradient): one pass, or one pass per message (a token
     # budget of 1), the same gradient
-    from teamtr.training.advantages import advantages_for
-    from teamtr.training.rollouts import messages_of_role
-    from teamtr.training.teamtr_step import penalised_gradient
-
     msgs = messages_of_role(batch, "adder1", advantages_for(batch.rewards, batch.groups, cfg.loss))
     assert (msgs.prompts, msgs.completions) == contexts
     old_logp = policy.logp(msgs, grad=False)
@@ -310,8 +307,6 @@ def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter
         penalised_gradient(policy, msgs, old_logp, cfg, 2.0, region, every)
         by_budget[budget] = {k: p.grad.clone() for k, p in policy.params.items() if p.grad is not None}
     # ... and with the body's layers checkpointed (optim.gradient_checkpointing)
-    from teamtr.serving.engines.embedded_scoring import enable_body_checkpointing
-
     enable_body_checkpointing(engine.model(policy.base))
     policy.gradient_checkpointing, policy.token_budget = True, 10**6
     penalised_gradient(policy, msgs, old_logp, cfg, 2.0, region, every)
