@@ -29,7 +29,7 @@ import torch
 from teamtr.serving.engines.embedded_scoring import CompletionStates
 from teamtr.training.config import TrustRegionConfig
 from teamtr.training.token_counts import pass_tokens
-from teamtr.training.vocab_kl import MessageKL, Side, message_divergences, position_divergences
+from teamtr.training.vocab_kl import MessageKL, Side, message_divergences, message_sums
 
 
 @dataclass
@@ -197,6 +197,10 @@ class ExactRegion:
         )
         # pi_now's pass; pi_cur's only the first time
         self.passed_tokens += (2 if first else 1) * pass_tokens(prompts, completions)
+        return self.constrained(kl)
+
+    def constrained(self, kl: MessageKL) -> torch.Tensor:
+        """[M] the KL the region constrains of each message: `direction`, per token when per_token."""
         values = kl.of(self.cfg.direction)
         return values / kl.tokens.clamp_min(1.0) if self.cfg.per_token else values
 
@@ -217,12 +221,10 @@ class ExactRegion:
             before = CompletionStates(
                 torch.cat([rows[i] for i in chosen]), now.targets, now.lengths, now.head
             )
-            per_position = position_divergences(before, now, self.temperature)
+            sums = message_sums(before, now, self.temperature)
         self.passed_tokens += pass_tokens(ps, cs)
-        sums = per_position.new_zeros((len(ps), 3)).index_add(0, now.message_index(), per_position)
         tokens = torch.tensor(now.lengths, dtype=sums.dtype, device=sums.device)
-        values = MessageKL(forward=sums[:, 0], reverse=sums[:, 1], tokens=tokens).of(self.cfg.direction)
-        return (values / tokens.clamp_min(1.0) if self.cfg.per_token else values).mean()
+        return self.constrained(MessageKL(forward=sums[:, 0], reverse=sums[:, 1], tokens=tokens)).mean()
 
     def check(self) -> RegionCheck:
         batch, probe = self.per_message("batch"), self.per_message("probe")

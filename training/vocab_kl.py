@@ -146,6 +146,12 @@ def position_divergences(p: CompletionStates, q: CompletionStates, temperature: 
     return torch.cat(in_chunks(parts, n, chunk, p.hidden, q.hidden, p.targets))
 
 
+def message_sums(p: CompletionStates, q: CompletionStates, temperature: float = 1.0) -> torch.Tensor:
+    """[M, 3] `position_divergences` summed over each message's positions (differentiable where q is)."""
+    sums = torch.zeros((len(p.lengths), 3), device=p.hidden.device)
+    return sums.index_add(0, p.message_index(), position_divergences(p, q, temperature))
+
+
 Messages = list[list[int]]
 Weights = dict[str, torch.Tensor]
 
@@ -186,8 +192,7 @@ def message_divergences(
                     side.engine.restore_adapter(side.adapter, q_weights, side.base)
                 if before_states is not None:
                     before_states.append(p)
-            sums = torch.zeros((len(ps), 3), device=p.hidden.device)
-            per_message.append(sums.index_add_(0, p.message_index(), position_divergences(p, q, t)).cpu())
+            per_message.append(message_sums(p, q, t).cpu())
     sums = torch.cat(per_message) if per_message else torch.zeros((0, 3))
     kl = MessageKL(
         forward=sums[:, 0],
