@@ -24,9 +24,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory
+from teamtr.tasks.chain import ChainArithmetic
 
 
 def reduced(line: str) -> str | None:

@@ -39,15 +39,15 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Send
 from rollout_throughput import build_model  # beside this script: the same demo-size model
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.open import EngineSpec, open_engine
 from teamtr.graphs.capture import GraphTeam, derive_seed
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.open import EngineSpec, open_engine
+from teamtr.tasks import get_task
 
 ROLES = ("planner", "left", "right", "merger")
 

@@ -73,7 +73,7 @@ _INTEGER = re.compile(r"-?\d+")
 
 def _answer(prompt: str, response: str) -> tuple[int, int] | None:
     """(the team's final integer, the prompt's sum), or None when either is missing."""
-    from teamtr.evals.tasks.chain import ChainArithmetic
+    from teamtr.tasks.chain import ChainArithmetic
 
     chain = ChainArithmetic()
     truth, given = chain.answer_for(prompt), chain.extract_answer(response)
@@ -190,7 +190,7 @@ async def run_improve(
 
 def fresh_tasks(n: int, seed: int, served: set[str]) -> list:
     """n chain tasks of their own seed stream, none of whose prompts the cell served."""
-    from teamtr.evals.tasks import get_task
+    from teamtr.tasks import get_task
 
     out: list = []
     for t in get_task("chain").generate(4 * n, seed=5_000_000 + seed):
@@ -201,8 +201,8 @@ def fresh_tasks(n: int, seed: int, served: set[str]) -> list:
 
 def fresh_accuracy(run: Path, st: dict[str, Any], tasks: list) -> dict[str, Any]:
     """Incumbent and candidate answer the same fresh tasks greedily (one engine, gate.py's layout)."""
-    from teamtr.training.improve.gate import INCUMBENT_SUFFIX, _roles, gate_engine
-    from teamtr.training.improve.stats import gate_test
+    from teamtr.improve.gate import INCUMBENT_SUFFIX, _roles, gate_engine
+    from teamtr.improve.stats import gate_test
     from teamtr.training.run_dir import RunDir
 
     served = RunDir(run)
@@ -257,8 +257,8 @@ def phase_times(out: dict[str, Any], records: list[dict[str, Any]]) -> dict[str,
 def run_cell(seed: int, condition: str, args: argparse.Namespace) -> dict[str, Any]:
     from load_test import start_api_server
 
-    from teamtr.evals.tasks import get_task
     from teamtr.graphs.run_layout import read_records
+    from teamtr.tasks import get_task
 
     t0 = time.time()
     load_before = os.getloadavg()[0]

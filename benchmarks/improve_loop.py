@@ -2,7 +2,7 @@
 continuous improve loop runs several rounds (each: train, gate, canary, promote or roll back, then wait
 for enough new traffic, longer after a setback); every request, the canary share, the versions served
 and the watch's reports are recorded on one timeline, plotted to a PNG (docs/improve.md) beside the
-loop's own timeline (training/improve/timeline.py), and failed requests are counted (must be 0).
+loop's own timeline (improve/timeline.py), and failed requests are counted (must be 0).
 
     nice -n 5 .venv/bin/python benchmarks/improve_loop.py --clients 32 --rounds 4 --out benchmarks/results/improve_loop
 
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/
 from adapter_fixtures import randomise_adapters, save_adapters  # noqa: E402
 from load_test import ADMIN_KEY, ROLES, ROLES_FACTORY, start_api_server, tiny_model  # noqa: E402
 
-from teamtr.evals.tasks import get_task  # noqa: E402
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings  # noqa: E402
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings  # noqa: E402
+from teamtr.tasks import get_task  # noqa: E402
 
 FIGURES = ("difference", "lower_bound", "upper_bound", "pairs", "candidate_episodes", "incumbent_episodes")
 FIGURES += ("candidate_reward", "incumbent_reward", "mixed_episodes")  # of each decision, in the summary
@@ -274,7 +274,7 @@ def main() -> None:
         try:
             prompts = [t.prompt for t in get_task("chain").generate(64, seed=3)]
             result = asyncio.run(run_loop(url, run, args, prompts))
-            timeline = run / "improve" / "timeline.png"  # the loop's own (training/improve/timeline.py)
+            timeline = run / "improve" / "timeline.png"  # the loop's own (improve/timeline.py)
             if timeline.is_file():
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(timeline, args.out.parent / f"{args.out.name}_timeline.png")

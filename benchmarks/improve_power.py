@@ -1,5 +1,5 @@
 """The power of `teamtr improve`'s gate and canary (docs/improve.md), by simulation of the functions that
-decide (training/improve/stats.py `gate_test`, `canary_crossings`), printed beside the old decisions'
+decide (improve/stats.py `gate_test`, `canary_crossings`), printed beside the old decisions'
 (the empirical-Bernstein confidence sequence on the gate's prompts and on the canary's k-th/k-th pairs).
 
 Rewards are Bernoulli (a verifier or thumbs-up feedback), the incumbent's right with probability 0.5, the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from teamtr.training.improve.stats import canary_crossings, confidence_path, gate_power, gate_test
+from teamtr.improve.stats import canary_crossings, confidence_path, gate_power, gate_test
 
 P, CONFIDENCE = 0.5, 0.95
 GATE_N, GATE_DELTAS = (12, 32, 64, 128, 256, 512), (0.0, 0.1, 0.2, 0.3, 0.5)

@@ -42,11 +42,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.models import resolve_model
+from teamtr.engines.vllm_server import free_port
 from teamtr.graphs.run_layout import version_dirs
-from teamtr.serving.engines.models import resolve_model
-from teamtr.serving.engines.vllm_server import free_port
 from teamtr.serving.server import ServeConfig, build_server
+from teamtr.tasks import get_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
 from adapter_fixtures import write_versions  # noqa: E402
@@ -496,7 +496,7 @@ def one_client_summary(directs: list[Phase], apis: list[Phase]) -> dict | None:
 def bench_engine(engine: str, model_dir: Path, work: Path, args: argparse.Namespace) -> dict:
     vllm, vllm_url = None, args.vllm_url
     if engine == "vllm" and not vllm_url:
-        from teamtr.serving.engines.open import EngineSpec, VLLMSpec, open_engine
+        from teamtr.engines.open import EngineSpec, VLLMSpec, open_engine
 
         console.print("starting a vLLM server (~30-60 s on CPU)...")
         # --max-model-len: a real model's own (8192 for SmolLM2) would size the KV cache for nothing

@@ -8,7 +8,7 @@ A small Llama (2 layers, hidden 256, fp32 on the CPU) with a LoRA adapter on eve
 tokens' log-probs, then backward. Each message is `--tokens` long, its last `--tokens - --prompt` tokens
 the completion (nearly every position needs a log-prob: the new pass's worst case).
 
-- old: the pattern serving/engines/embedded_scoring.py had until issue 33: float32 logits at every position
+- old: the pattern engines/embedded_scoring.py had until issue 33: float32 logits at every position
   of the padded batch, log_softmax over the vocabulary (a second copy), gather the sampled tokens.
 - new: embedded_scoring.completion_states + selective_logprobs: hidden states at completion positions
   only, the LM head a chunk of positions at a time (about LOGIT_CHUNK_BYTES of float32 logits), log p =
@@ -58,7 +58,7 @@ def run_case(pattern: str, vocab: int, args: argparse.Namespace) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from teamtr.serving.engines.embedded_scoring import completion_states, selective_logprobs
+    from teamtr.engines.embedded_scoring import completion_states, selective_logprobs
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -132,7 +132,7 @@ def saved_bytes_per_token(layers: int, tokens: int) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from teamtr.serving.engines.embedded_scoring import (
+    from teamtr.engines.embedded_scoring import (
         completion_states,
         enable_body_checkpointing,
         selective_logprobs,

@@ -26,7 +26,7 @@ import httpx
 import yaml
 from load_test import prepare, tiny_model
 
-from teamtr.serving.engines.vllm_server import free_port
+from teamtr.engines.vllm_server import free_port
 
 
 async def client(url: str, deadline: float, statuses: Counter, errors: Counter, waits: list[float]) -> None:

@@ -53,16 +53,16 @@ from typing import Any
 
 import torch
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.engines.models import resolve_model
+from teamtr.engines.open import EngineSpec, open_engine
+from teamtr.engines.vllm_engine import VLLMEngine
+from teamtr.engines.vllm_server import VLLMServer, start_vllm_server
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.engines.models import resolve_model
-from teamtr.serving.engines.open import EngineSpec, open_engine
-from teamtr.serving.engines.vllm_engine import VLLMEngine
-from teamtr.serving.engines.vllm_server import VLLMServer, start_vllm_server
+from teamtr.tasks import get_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
 from adapter_fixtures import randomise_lora_b  # noqa: E402

@@ -37,8 +37,8 @@ def main() -> None:
 
     import torch
 
-    from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
-    from teamtr.serving.engines.models import resolve_model
+    from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.engines.models import resolve_model
     from teamtr.training.vocab_kl import Side, message_divergences
 
     torch.set_num_threads(args.threads)

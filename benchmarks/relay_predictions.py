@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/relay_predictions.py            # JSON + markdown table in results/relay_study
 
-For each (n, l, delta) of benchmarks/relay_study.py: the lab twin (training/theory/env.py
+For each (n, l, delta) of benchmarks/relay_study.py: the lab twin (theory/env.py
 `relay_instance` with `relay_warm_logits`, the warm start drawn as the LLM task's demonstrations are)
 trained for the study's stages under TeamTR, naive and joint; the predicted gap is TeamTR's exact return
 minus naive's after the last stage (also per stage). `point`: the warm start exactly as the demonstrations
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay_study import RelayStudyConfig, lab_warm_rates, settings  # noqa: E402
 from team_size_study import read_cells  # noqa: E402
 
+from teamtr.theory.scaling import ScalingConfig, make_team  # noqa: E402
+from teamtr.theory.team import TabularTeam, train  # noqa: E402
 from teamtr.training.stage import ScheduleConfig  # noqa: E402
-from teamtr.training.theory.scaling import ScalingConfig, make_team  # noqa: E402
-from teamtr.training.theory.team import TabularTeam, train  # noqa: E402
 
 
 def curve(cfg: ScalingConfig, n: int, seed: int, schedule: str, stages: int) -> list[float]:

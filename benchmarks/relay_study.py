@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/relay_study.py --pilot          # n = 4, l = 0, one seed, both deltas
     .venv/bin/python benchmarks/relay_study.py --recount-turns --out DIR   # turn rates of finished cells again
 
-Design (benchmarks/results/relay_study/preregistration.md): task `relay` (evals/tasks/relay.py) with
+Design (benchmarks/results/relay_study/preregistration.md): task `relay` (tasks/relay.py) with
 n in {2, 4, 6} roles at legibility l = 0, and l = 1 at n = 4 (the negative control); per-message delta in
 {0.05, 0.3} for every arm; `stages` stages of B = 8 prompts x G = 16 episodes; seeds paired (same warm
 start, training prompts and evaluation tasks); arms
@@ -46,7 +46,7 @@ ARMS = ("teamtr", "naive", "sequential_grpo")
 # as many training tokens as the same seed's TeamTR cell (more stages); the joint update and the shared
 # adapter (issue 37 item 1: baselines for its study)
 SECONDARY_ARMS = ("teamtr_reversed", "naive_tokens", "joint", "shared_adapter")
-ROUTER = "teamtr.evals.tasks.relay:relay_order"
+ROUTER = "teamtr.tasks.relay:relay_order"
 # the preregistration's budget (pilot part 5): the n = 6 and control cells and every delta 0.05 cell at 3
 # seeds, the control at delta 0.05 dropped
 REDUCED_SEEDS = {"n6/l0/d0.3": 3, "n4/l1/d0.3": 3, "n4/l0/d0.05": 3, "n6/l0/d0.05": 3, "n2/l0/d0.05": 3,

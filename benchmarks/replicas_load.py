@@ -39,11 +39,11 @@ from load_test import ADMIN_KEY, ROLES, Phase, api_round, direct_round, merge, p
 from rich.console import Console
 from rich.table import Table
 
-from teamtr.evals.tasks import get_task
-from teamtr.serving.engines.vllm_server import free_port
+from teamtr.engines.vllm_server import free_port
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.server import ServeConfig, build_server
 from teamtr.serving.tracing import trajectories_from_store
+from teamtr.tasks import get_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' service fixtures
 from balancer_fixtures import haproxy  # noqa: E402

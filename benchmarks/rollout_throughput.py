@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.open import EngineSpec, open_engine
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.open import EngineSpec, open_engine
+from teamtr.tasks import get_task
 from teamtr.training.tiny_models import build_char_tokenizer, tiny_llama_config
 
 

@@ -5,7 +5,7 @@ TeamTR update with 1 vs 2 data-parallel ranks (docs/scale.md reads the ratios).
 
 Rollouts: two real vLLM CPU servers of the tiny test model (1 GiB KV cache each) are started once; each
 round sends `--requests` concurrent completions of `--tokens` new tokens through a `VLLMReplicaEngine`
-(serving/engines/vllm_replicas.py) over the first server only, then over both, and counts completion tokens per
+(engines/vllm_replicas.py) over the first server only, then over both, and counts completion tokens per
 second. Updates: one stage of the chain task (3 updates) with `teamtr train` in one process, then with
 `teamtr train --nproc 2` (torchrun, gloo), each in a fresh run directory; the "update" records'
 `seconds` (the update step on rank 0, collectives included; rollouts excluded) are averaged. Rounds
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import yaml
 
+from teamtr.engines.vllm_replica_launch import launch_replicas
+from teamtr.engines.vllm_replicas import VLLMReplicaEngine
+from teamtr.engines.vllm_server import VLLMServerConfig
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.run_layout import read_metrics
-from teamtr.serving.engines.vllm_replica_launch import launch_replicas
-from teamtr.serving.engines.vllm_replicas import VLLMReplicaEngine
-from teamtr.serving.engines.vllm_server import VLLMServerConfig
 from teamtr.training.warmstart import tiny_random_model
 
 REPO = Path(__file__).resolve().parent.parent

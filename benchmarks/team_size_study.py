@@ -214,7 +214,7 @@ def run_arm(task: str, n: int, seed: int, arm: str, model: str, cfg: StudyConfig
 
 def run_exact(cfg: StudyConfig) -> dict[str, Any]:
     """The exact lab's scaling study at the study's sizes, both families (docs/theory.md sections 5, 5b)."""
-    from teamtr.training.theory.scaling import ScalingConfig, run_scaling
+    from teamtr.theory.scaling import ScalingConfig, run_scaling
 
     out: dict[str, Any] = {}
     for family in cfg.tasks:

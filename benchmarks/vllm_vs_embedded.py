@@ -25,8 +25,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from teamtr.engines.open import EngineSpec, open_engine
 from teamtr.graphs.engine import Engine, SamplingParams
-from teamtr.serving.engines.open import EngineSpec, open_engine
 from teamtr.training.tiny_models import build_char_tokenizer
 from teamtr.training.warmstart import new_model, save_model
 

@@ -21,8 +21,8 @@ from rich.console import Console
 from teamtr.graphs.task import HELDOUT_SEED
 
 if TYPE_CHECKING:  # the engine and the run directory (torch) are imported when a command runs
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.roles import Role
-    from teamtr.serving.engines.embedded import EmbeddedEngine
 
 app = typer.Typer()
 
@@ -48,7 +48,7 @@ def load_eval_team(
     if stage is not None and (source == "warm" or not (Path(source) / "config.yaml").is_file()):
         raise ValueError(f"--stage {stage} needs a run directory, not {source}")
     if source == "warm":
-        from teamtr.evals.runners import default_roles  # a generic team
+        from teamtr.tasks.roles import default_roles  # a generic team
         from teamtr.training.warmstart import ensure_warm_model, warm_config_for
 
         # this family's warm model (a benchmark's: the chain demo model)
@@ -71,7 +71,7 @@ def load_eval_team(
         engine = run.engine(version=versions, threads=threads)
         return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)
     if (path / "config.json").is_file():
-        from teamtr.evals.runners import default_roles
+        from teamtr.tasks.roles import default_roles
 
         return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
     raise FileNotFoundError(
@@ -81,8 +81,8 @@ def load_eval_team(
 
 def _untrained_team(model: str, roles: list[Role], source: str, threads: int | None) -> EvalTeam:
     """Every role on one model; a role with an adapter gets a fresh one (B = 0: the model itself)."""
+    from teamtr.engines.open import EngineSpec, open_engine
     from teamtr.graphs.engine import DEFAULT_BASE
-    from teamtr.serving.engines.open import EngineSpec, open_engine
 
     engine = open_engine(EngineSpec(bases={DEFAULT_BASE: model}, threads=threads)).engine
     for r in roles:
@@ -105,8 +105,8 @@ def _parse_knobs(pairs: list[str]) -> list[dict]:
 
 
 def _instances(task: str, limit: int, seed: int, knobs: list[dict], benchmarks_dir: Path | None):
-    from teamtr.evals.benchmarks import benchmark_names, load_benchmark
-    from teamtr.evals.tasks import get_task
+    from teamtr.tasks import get_task
+    from teamtr.tasks.datasets import benchmark_names, load_benchmark
 
     if task in benchmark_names():
         if knobs != [{}]:
@@ -202,10 +202,10 @@ def eval_command(
     ] = False,
 ) -> None:
     """pass@k and avg@k (95% bootstrap CIs, per difficulty) of a team on a task; optionally vs best-of-N."""
-    from teamtr.evals.benchmarks import benchmark_names
     from teamtr.evals.harness import best_of_n, evaluate, responses_file_runner
     from teamtr.evals.report import plot_result, print_result
-    from teamtr.evals.tasks import get_task, task_names
+    from teamtr.tasks import get_task, task_names
+    from teamtr.tasks.datasets import benchmark_names
 
     console = Console(stderr=as_json)
     if list_tasks:
@@ -273,7 +273,7 @@ def eval_command(
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
     family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)
-    from teamtr.evals.runners import MAX_NEW_TOKENS  # per-family message budget
+    from teamtr.tasks.roles import MAX_NEW_TOKENS  # per-family message budget
 
     max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
     show_progress = not as_json

@@ -1,4 +1,4 @@
-"""`teamtr improve`: fine-tune the served team in place (training/improve/, docs/improve.md).
+"""`teamtr improve`: fine-tune the served team in place (improve/, docs/improve.md).
 
     teamtr improve RUN_DIR --url http://127.0.0.1:8000 --admin-key KEY --team chain --last 200
 
@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from teamtr.cli.train import _overrides
-from teamtr.serving.admin_client import DEFAULT_URL
+from teamtr.client.admin_client import DEFAULT_URL
 
 app = typer.Typer()
 console = Console(stderr=True)
@@ -82,11 +82,11 @@ def improve(
     watch_rounds: int = typer.Option(None, help="--watch: stop after this many rounds"),
 ) -> None:
     """Fine-tune the served team on its traffic: train, gate, canary, then promote atomically or roll back."""
-    from teamtr.training.improve.canary import CanaryConfig
-    from teamtr.training.improve.gate import GateConfig
-    from teamtr.training.improve.loop import LOG_FILE, ImproveConfig, ImproveLoop
-    from teamtr.training.improve.timeline import write_timeline
-    from teamtr.training.improve.watch import Watch, WatchConfig
+    from teamtr.improve.canary import CanaryConfig
+    from teamtr.improve.gate import GateConfig
+    from teamtr.improve.loop import LOG_FILE, ImproveConfig, ImproveLoop
+    from teamtr.improve.timeline import write_timeline
+    from teamtr.improve.watch import Watch, WatchConfig
 
     cfg = ImproveConfig(
         run_dir=str(run_dir),

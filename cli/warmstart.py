@@ -29,7 +29,7 @@ def warmstart(
     its report."""
     if ctx.invoked_subcommand is not None:
         return
-    from teamtr.evals.tasks import task_names
+    from teamtr.tasks import task_names
     from teamtr.training.warmstart import build_warm_model, ensure_warm_model, load_report, warm_config_for
 
     if task not in task_names():

@@ -1,6 +1,6 @@
 """Two roles read private tables in parallel (`Send`), a third merges: train and serve from a config.
 
-    teamtr train examples/parallel_merge.yaml    # TeamTR on the `split` task family (evals/tasks/split.py)
+    teamtr train examples/parallel_merge.yaml    # TeamTR on the `split` task family (tasks/split.py)
     teamtr serve examples/parallel_merge.yaml    # the same graph as the chat API (model "parallel_merge")
 
 START --Send--> reader (as reader_a, sees table 1 only) --+

@@ -26,10 +26,10 @@ import re
 import sys
 from pathlib import Path
 
-from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
+from teamtr.tasks.chain import ChainArithmetic
 
 _INTEGER = re.compile(r"-?\d+")
 

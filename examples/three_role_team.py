@@ -14,11 +14,11 @@ from typing import Literal
 
 from langgraph.graph import END
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import Team, TeamState
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.tasks import get_task
 from teamtr.training.warmstart import ensure_warm_model
 
 # 1. Roles: a name, a system prompt, the LoRA adapter it speaks with (and optionally its base model).

@@ -1,6 +1,6 @@
 """The engine interface shared by training rollouts and serving.
 
-Implementations (serving/engines/, opened by `open_engine`): `EmbeddedEngine` (transformers + peft, in
+Implementations (engines/, opened by `open_engine`): `EmbeddedEngine` (transformers + peft, in
 process), `VLLMEngine` (a real vLLM OpenAI-compatible server with runtime LoRA), `VLLMReplicaEngine`
 (several vLLM servers per base) and training's `VLLMRollouts` (a VLLMEngine that records the trainer's
 versions). A role's chat model, the trainer's rollouts and the chat API all talk to an engine through

@@ -159,7 +159,7 @@ def read_team_sections(path: Path) -> tuple[TeamConfig, TaskConfig]:
 class RunFiles:
     """An existing run directory read as a team: roles, router or graph, bases, adapter versions.
 
-    `default_roles` is the task's own team when the config names no roles (evals/runners.py's)."""
+    `default_roles` is the task's own team when the config names no roles (tasks/roles.py's)."""
 
     def __init__(self, path: str | Path, default_roles: DefaultRoles) -> None:
         self.path = Path(path)

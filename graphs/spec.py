@@ -37,7 +37,7 @@ class _Strict(BaseModel):
 class TaskConfig(_Strict):
     """Which task family the team solves and how training / held-out prompts are drawn."""
 
-    name: str = "chain"  # a name in teamtr.evals.tasks
+    name: str = "chain"  # a name in teamtr.tasks
     options: dict[str, Any] = Field(default_factory=dict)  # constructor options of the task family
     train_seed: int = 1  # prompts for rollouts come from this generator seed ...
     eval_seed: int = HELDOUT_SEED  # ... held-out evaluation prompts from a disjoint one
@@ -84,7 +84,7 @@ class TeamConfig(_Strict):
     # None = every role. A stage then costs only the named roles' updates
     train: list[str] | None = None
     recursion_limit: int | None = Field(None, ge=1)  # a graph episode's LangGraph step limit; None = 25
-    # the default base: a model folder, hub id, GGUF file or shipped name (serving/engines/models.py);
+    # the default base: a model folder, hub id, GGUF file or shipped name (engines/models.py);
     # None = the task's cached warm-started model, or for a user's graph SmolLM2 (`default_model`)
     model: str | None = None
     # with model: None, how that warm-started model is built: overrides of the task's WarmStartConfig
@@ -102,7 +102,7 @@ class TeamConfig(_Strict):
     lora_rank: int = 8
     lora_alpha: int = 16
     lora_targets: list[str] | None = None  # module names; None = the engine's default (every linear layer)
-    # where the embedded engine loads the base models (serving/engines/devices.py): auto = the first GPU in
+    # where the embedded engine loads the base models (engines/devices.py): auto = the first GPU in
     # bfloat16 when torch sees one, else the CPU in float32; a GPU asked for where none exists fails early
     device: str = "auto"  # auto | cpu | cuda | cuda:K
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -110,7 +110,7 @@ class TeamConfig(_Strict):
 
 # A user's graph speaks with its own prompts, which the char-level warm models (trained on one task
 # family's format) cannot follow: its default base is a real instruction-following model.
-GRAPH_DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped on PyPI (serving/engines/models.py)
+GRAPH_DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, shipped on PyPI (engines/models.py)
 
 
 def default_model(team: TeamConfig) -> str | None:
@@ -149,7 +149,7 @@ DefaultRoles = Callable[..., list[Role]]  # (task name, options=..., trainable=T
 
 def team_roles(team: TeamConfig, task: TaskConfig, default_roles: DefaultRoles) -> list[Role]:
     """The roles a config trains, on the bases it names: `team.roles` (`module:function`), or None for
-    the task's own team (`default_roles`: evals/runners.py's, the chain adders or generic solvers)."""
+    the task's own team (`default_roles`: tasks/roles.py's, the chain adders or generic solvers)."""
     if team.roles is None:
         # split's roles read private tables, which the trainer's rollouts do not pass
         if task.name == "split" and team.graph is None:

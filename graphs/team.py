@@ -54,7 +54,7 @@ class TeamState(TypedDict):
     transcript: Annotated[list[dict[str, Any]], operator.add]
     final: str | None
     turns: int  # the turns of this episode (a thread's transcript holds earlier episodes too)
-    # private views of the task, one text per role in team order (meta["role_views"]: evals/tasks/relay.py)
+    # private views of the task, one text per role in team order (meta["role_views"]: tasks/relay.py)
     views: list[str] | None
 
 

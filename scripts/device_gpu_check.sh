@@ -14,7 +14,7 @@ export PYTHONPATH="$NS:$PWD/scripts:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 "$PY" - "$MODEL" "$OUT/gpu_embedded.json" "${@:3}" <<'PY'
 import json, sys
 import gpu_check as g
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.engines.embedded import EmbeddedEngine
 model, out = sys.argv[1], sys.argv[2]
 device = "cpu" if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu" else "cuda"
 tok = EmbeddedEngine(model, device="cpu", dtype="float32").tokenizer()

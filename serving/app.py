@@ -12,7 +12,7 @@ build responses and stream chunks), serving/episodes.py (an episode on pinned ad
 turns and spans), serving/errors.py (OpenAI's error shape), serving/auth.py (keys), serving/admin.py
 (the /admin routes), serving/body_limit.py (413), serving/limits.py (queues, rate limits),
 serving/sampling.py (a request's sampling under the team's pins), serving/health.py (readiness),
-serving/metrics.py (Prometheus). The wire format is serving/protocol.py; docs/serving.md describes the API.
+serving/metrics.py (Prometheus). The wire format is client/protocol.py; docs/serving.md describes the API.
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ from fastapi import Depends, FastAPI, Path, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from teamtr.client.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    FeedbackRequest,
+    FeedbackResponse,
+    HealthResponse,
+    LiveResponse,
+    ModelCard,
+    ModelList,
+    ReadyResponse,
+)
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.adapter_paths import AdapterRoots
@@ -35,17 +46,6 @@ from teamtr.serving.episodes import ServedEpisodeRunner, ServedTeam, registered_
 from teamtr.serving.errors import ERROR_RESPONSES, install_error_handlers
 from teamtr.serving.health import not_ready_reasons
 from teamtr.serving.metrics import CONTENT_TYPE, TEAM_STATE_KEY, RequestMetrics
-from teamtr.serving.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    FeedbackRequest,
-    FeedbackResponse,
-    HealthResponse,
-    LiveResponse,
-    ModelCard,
-    ModelList,
-    ReadyResponse,
-)
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.service import CONVERSATION_HEADER, TIMEOUT_HEADER, ChatCompletionService
 from teamtr.serving.settings import ServeSettings, TeamPolicy

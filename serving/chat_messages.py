@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from teamtr.client.protocol import ChatMessage, Usage
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.conversations import message_digest
-from teamtr.serving.protocol import ChatMessage, Usage
 
 
 def task_text(messages: list[ChatMessage]) -> str:

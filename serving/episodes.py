@@ -33,6 +33,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 from langgraph.checkpoint.memory import InMemorySaver
 
+from teamtr.client.protocol import TurnInfo
 from teamtr.graphs.capture import node_path
 from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_reply
 from teamtr.graphs.task import TaskInstance
@@ -40,7 +41,6 @@ from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.serving.conversations import ConversationStore, thread_config
 from teamtr.serving.exploration import EXPLORATION_KEY
-from teamtr.serving.protocol import TurnInfo
 from teamtr.serving.registry import AdapterRegistry, AdapterVersion, Pins
 from teamtr.serving.tracing import PAIR_ID, SHADOW, TeamTracer
 

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from teamtr.client.protocol import ErrorResponse, error_body
+from teamtr.engines.vllm_http import VLLMRequestError
 from teamtr.graphs.capture import describe_error
-from teamtr.serving.engines.vllm_http import VLLMRequestError
-from teamtr.serving.protocol import ErrorResponse, error_body
 
 log = logging.getLogger("teamtr.serving")
 

@@ -1,5 +1,5 @@
 """Exploratory served episodes: a share of a team's episodes sampled at the training temperature, so
-that feedback on them (`/v1/feedback`) can train the team (training/improve/feedback.py).
+that feedback on them (`/v1/feedback`) can train the team (improve/feedback.py).
 
 A served team answers greedily by default (temperature 0), and a greedy turn is no sample of a
 stochastic policy (training/behaviour.py refuses it). With `exploration_share` > 0 each new episode is
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from teamtr.serving.protocol import EXPLORATION_KEY
+from teamtr.client.protocol import EXPLORATION_KEY
 
 __all__ = ["EXPLORATION_KEY", "ExplorationDraw"]  # the metadata key (serving/tracing.py EXPLORATION: the span's)
 

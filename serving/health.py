@@ -2,7 +2,7 @@
 new episodes would pin is loaded in the engine (asked of the engine itself, not the registry's records).
 
 A vLLM server that restarted lost its runtime-loaded adapters: the probe has the engine load them again
-(serving/engines/vllm_engine.py `restore_adapters`), so readiness comes back once the server answers.
+(engines/vllm_engine.py `restore_adapters`), so readiness comes back once the server answers.
 
 `/health/live` only says the process answers; `/health` (teams, versions, in flight) is unchanged.
 """

@@ -18,11 +18,11 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any
 
+from teamtr.client.protocol import ChatCompletionRequest, RoleSampling
 from teamtr.graphs.chat_model import EngineChatModel
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team
 from teamtr.serving.errors import APIError
-from teamtr.serving.protocol import ChatCompletionRequest, RoleSampling
 from teamtr.serving.settings import SAMPLING_FIELDS
 
 Overrides = tuple[tuple[str, Any], ...]  # sorted (field, value) pairs: a hashable cache key

@@ -1,5 +1,5 @@
 """Served episodes read back from the span store (serving/trace_store.py: a SQLite file, or the replicas'
-shared PostgreSQL store): what `teamtr improve` (training/improve/) takes as its task distribution and
+shared PostgreSQL store): what `teamtr improve` (improve/) takes as its task distribution and
 canary evidence, through `GET /admin/episodes` (serving/admin.py), straight from a serve directory's
 traces.db, or from the postgresql:// URL every replica writes to.
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from teamtr.client.protocol import ServedEpisode
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.pg_store import is_database_url
-from teamtr.serving.protocol import ServedEpisode
 from teamtr.serving.trace_store import StoredSpan, read_spans
 from teamtr.serving.tracing import (
     ADAPTER_VERSIONS,
@@ -91,7 +91,7 @@ def feedback_trajectories(
 ) -> list[Trajectory]:
     """The exploratory episodes (`teamtr.exploration`) that got feedback, as trajectories with their
     turns' token ids and behaviour log-probs, rewarded by that feedback and grouped by prompt (what
-    `teamtr improve` trains on without a verifier: training/improve/feedback.py); oldest first, the newest
+    `teamtr improve` trains on without a verifier: improve/feedback.py); oldest first, the newest
     `limit` of them. A turn span without token ids (served with capture_tokens off) is an error
     (serving/tracing.py MissingTokensError)."""
     if not store_exists(store):

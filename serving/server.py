@@ -2,7 +2,7 @@
 
 A run directory is read as graphs/run_layout.py's `RunFiles` (roles, router or graph, bases, the newest
 `adapters/<adapter>/v<N>/` of each role), never through training; the engine comes from
-serving/engines/open.py `open_engine`. cli/serve.py holds the commands (and checks a run's whole config,
+engines/open.py `open_engine`. cli/serve.py holds the commands (and checks a run's whole config,
 which is training's, before serving it).
 
 `serve RUN_DIR` serves one run (`ServeConfig.from_run_dir`); `serve CONFIG.yaml` takes a `ServeConfig`
@@ -31,6 +31,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from teamtr.engines.models import local_or_reference, resolve_model
+from teamtr.engines.open import EngineSpec, VLLMSettings, open_engine
 from teamtr.graphs.engine import DEFAULT_BASE, Closable
 from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.run_layout import DEFAULT_RUN_DIR, RunDirError, RunFiles
@@ -39,8 +41,6 @@ from teamtr.graphs.team import Team
 from teamtr.graphs.user_graph import RoleGraphTeam
 from teamtr.serving.app import ServedTeam, ServeSettings, TeamPolicy, create_app
 from teamtr.serving.conversations import Conversations, ConversationStore
-from teamtr.serving.engines.models import local_or_reference, resolve_model
-from teamtr.serving.engines.open import EngineSpec, VLLMSettings, open_engine
 from teamtr.serving.pg_conversations import PgConversations
 from teamtr.serving.pg_store import PgStore, is_database_url
 from teamtr.serving.promotion_log import PROMOTION_LOG, PromotionLog, SharedPromotionLog
@@ -110,7 +110,7 @@ class ServeConfig(VLLMSettings, ApiLimits):
     # serving/errors.py), so a pooled client waiting out a 429 still finds it (uvicorn's default is 5 s)
     keep_alive_s: float = Field(45.0, gt=0)
     torch_threads: int = Field(1, ge=1)
-    device: str = "auto"  # embedded engine: auto | cpu | cuda | cuda:K (serving/engines/devices.py)
+    device: str = "auto"  # embedded engine: auto | cpu | cuda | cuda:K (engines/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on a GPU, else float32
     tracing: TracingSpec = Field(default_factory=TracingSpec)
     # conversations and their threads (serving/conversations.py), kept across restarts; None: in memory.
@@ -208,7 +208,7 @@ def is_train_config(data: dict[str, Any]) -> bool:
 
 def open_run(path: str | Path) -> RunFiles:
     """A run directory read as a served team (its task's own team when the config names no roles)."""
-    from teamtr.evals.runners import default_roles
+    from teamtr.tasks.roles import default_roles
 
     return RunFiles(path, default_roles)
 

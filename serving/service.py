@@ -31,17 +31,7 @@ from typing import Any, TypeVar
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from teamtr.graphs.capture import describe_error
-from teamtr.graphs.engine import SamplingParams
-from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.chat_messages import chat_messages, digests, known_in_thread, task_text, usage_of
-from teamtr.serving.conversations import ConversationStore, message_digest
-from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
-from teamtr.serving.errors import APIError, log
-from teamtr.serving.exploration import ExplorationDraw
-from teamtr.serving.limits import AdmissionGate, RateLimiter
-from teamtr.serving.metrics import ServingMetrics
-from teamtr.serving.protocol import (
+from teamtr.client.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -61,6 +51,16 @@ from teamtr.serving.protocol import (
     TurnInfo,
     error_body,
 )
+from teamtr.graphs.capture import describe_error
+from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.team import Team, derive_seed
+from teamtr.serving.chat_messages import chat_messages, digests, known_in_thread, task_text, usage_of
+from teamtr.serving.conversations import ConversationStore, message_digest
+from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
+from teamtr.serving.errors import APIError, log
+from teamtr.serving.exploration import ExplorationDraw
+from teamtr.serving.limits import AdmissionGate, RateLimiter
+from teamtr.serving.metrics import ServingMetrics
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.sampling import TeamVariants, described, refuse_fully_pinned, request_overrides
 from teamtr.serving.settings import ServeSettings

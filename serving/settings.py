@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field, model_validator
 
-from teamtr.serving.protocol import REWARD_BOUND
+from teamtr.client.protocol import REWARD_BOUND
 
 SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop")  # what a team may pin per role
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
 from teamtr.graphs.run_layout import adapter_dir
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
 
 ROLES = ("adder1", "adder2", "adder3")  # the chain team's
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from teamtr.serving.engines.vllm_server import free_port
+from teamtr.engines.vllm_server import free_port
 from teamtr.serving.haproxy import haproxy_config
 
 HAPROXY = "haproxy"

@@ -18,11 +18,11 @@ from pathlib import Path
 import yaml
 from adapter_fixtures import randomise_adapters, save_adapters
 
-from teamtr.evals.tasks import register, task_names
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.task import TaskInstance
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.tasks import register, task_names
 
 TASK = "improve-low-start"
 ROLES = ("adder1", "adder2", "adder3")

@@ -11,7 +11,7 @@ from teamtr.serving.server import ServeConfig
 # what a start imports, lazily or not; the forkserver imports them by name (it ignores the tests' path)
 PRELOAD = [
     "teamtr.cli.serve",
-    "teamtr.serving.engines.embedded",
+    "teamtr.engines.embedded",
     "transformers.models.llama.modeling_llama",
     "peft",
     "aiosqlite",

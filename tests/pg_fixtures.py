@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from teamtr.serving.engines.vllm_server import free_port
+from teamtr.engines.vllm_server import free_port
 
 PG_BIN = Path(os.environ.get("TEAMTR_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PG_USER = "postgres"  # the non-root user the server runs as when the tests run as root

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from teamtr.serving.engines.vllm_server import free_port
+from teamtr.engines.vllm_server import free_port
 
 
 def start_serve(*args: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:

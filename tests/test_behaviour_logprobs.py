@@ -21,11 +21,11 @@ from serving_fixtures import make_run_dir, serve_in_background
 from test_training_trainer import small_config, train  # importing it registers the trainer tests' task
 from transformers import AutoModelForCausalLM
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.tasks import get_task
 from teamtr.training.behaviour import OffPolicyTurnsError, require_on_policy, why_not_on_policy
 
 torch.set_num_threads(1)

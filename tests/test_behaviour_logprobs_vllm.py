@@ -13,8 +13,8 @@ import torch
 from test_behaviour_logprobs import expected_logprobs
 from transformers import AutoModelForCausalLM
 
+from teamtr.engines.vllm_engine import VLLMEngine
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.engines.vllm_engine import VLLMEngine
 
 pytest_plugins = ["vllm_fixtures"]
 pytestmark = pytest.mark.vllm

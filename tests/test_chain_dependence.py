@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.trajectory import Trajectory, Turn
+from teamtr.tasks.chain import ChainArithmetic
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "chain_dependence.py"

@@ -198,9 +198,9 @@ def test_a_team_on_the_engine_renders_through_its_chat_format(tmp_path):
     """End to end: the prompt each role's turn records is the ChatML context with the authors written in."""
     from conftest import build_tiny_model
 
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.engine import SamplingParams
     from teamtr.graphs.team import Team
-    from teamtr.serving.engines.embedded import EmbeddedEngine
 
     model = build_tiny_model(tmp_path / "chatml-model")
     tok = build_char_tokenizer()
@@ -226,8 +226,8 @@ def _task(prompt: str):
 def test_a_team_whose_template_cannot_render_it_fails_when_built(tmp_path):
     from conftest import build_tiny_model
 
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.team import Team
-    from teamtr.serving.engines.embedded import EmbeddedEngine
 
     model = build_tiny_model(tmp_path / "solo-model")
     tok = build_char_tokenizer()

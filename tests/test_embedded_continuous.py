@@ -1,4 +1,4 @@
-"""Continuous batching in the embedded engine (serving/engines/embedded.py, decode_in_thread):
+"""Continuous batching in the embedded engine (engines/embedded.py, decode_in_thread):
 a call that arrives while a batch decodes joins it at the next step and is answered before the running
 rows finish; a finished row leaves at once; greedy rows decode what they decode alone and seeded rows
 sample the same tokens whatever joins or leaves around them; each row keeps its own adapter; an adapter
@@ -18,8 +18,8 @@ import pytest
 import torch
 from adapter_fixtures import randomise_adapters
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.engine import Generation, SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine
 
 PROMPTS = {"a": "1+2+3=", "b": "4+5=", "c": "12+7+30+5", "d": "2+2="}
 

@@ -16,10 +16,10 @@ import pytest
 from adapter_fixtures import randomise_adapters
 from serving_fixtures import make_run_dir, serve_in_background
 
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.vllm_http import VLLMClient
+from teamtr.engines.vllm_server import VLLMServer
 from teamtr.graphs.engine import Generation, SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.vllm_http import VLLMClient
-from teamtr.serving.engines.vllm_server import VLLMServer
 from teamtr.serving.server import ServeConfig, ServedTeamConfig
 
 pytest_plugins = ["vllm_fixtures"]  # the last test's real vLLM server (started only if that test runs)

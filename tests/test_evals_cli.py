@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from teamtr.cli.main import app
-from teamtr.evals.tasks import get_task
+from teamtr.tasks import get_task
 
 runner = CliRunner()
 
@@ -117,8 +117,8 @@ def test_bad_input_gets_clear_errors(tmp_path):
 
 def test_a_run_directory_loads_the_newest_adapter_of_each_role(tiny_model_dir, tmp_path):
     from teamtr.cli.eval import load_eval_team
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.run_layout import adapter_dir
-    from teamtr.serving.engines.embedded import EmbeddedEngine
     from teamtr.training.config import TrainConfig
 
     run = tmp_path / "run"

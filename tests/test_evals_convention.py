@@ -1,13 +1,13 @@
-"""The convention family (evals/tasks/convention.py): seeded generator, exact verifier (either notation,
+"""The convention family (tasks/convention.py): seeded generator, exact verifier (either notation,
 only if used consistently), demonstrations that verify, and its warm-start team's message check."""
 
 from __future__ import annotations
 
 import pytest
 
-from teamtr.evals.tasks import get_task, task_names
-from teamtr.evals.tasks.convention import ConventionChain, partial_sums
 from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.tasks import get_task, task_names
+from teamtr.tasks.convention import ConventionChain, partial_sums
 from teamtr.training.warmstart.config import warm_config_for
 from teamtr.training.warmstart.teams import ConventionTeam, warm_team
 

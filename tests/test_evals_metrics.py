@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from teamtr.evals.harness import Episode, best_of_n, evaluate, matched_n, responses_file_runner
 from teamtr.evals.metrics import bootstrap_mean, pass_at_k, pass_at_k_curve, summarize
-from teamtr.evals.tasks import get_task
+from teamtr.tasks import get_task
 
 
 @settings(max_examples=80, deadline=None)

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from teamtr.evals.tasks import get_task, task_names
-from teamtr.evals.tasks.arbench import Arbench, feedback
-from teamtr.evals.tasks.autologi import Autologi, count_solutions, holds
-from teamtr.evals.tasks.blocksworld import Blocksworld
-from teamtr.evals.tasks.countdown import Countdown, evaluate_expression
-from teamtr.evals.tasks.split import Split
-from teamtr.evals.tasks.zebra import Zebra
 from teamtr.graphs.task import TaskFamily
+from teamtr.tasks import get_task, task_names
+from teamtr.tasks.arbench import Arbench, feedback
+from teamtr.tasks.autologi import Autologi, count_solutions, holds
+from teamtr.tasks.blocksworld import Blocksworld
+from teamtr.tasks.countdown import Countdown, evaluate_expression
+from teamtr.tasks.split import Split
+from teamtr.tasks.zebra import Zebra
 
 FAMILIES = ["countdown", "zebra", "autologi", "blocksworld", "arbench", "split"]
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -278,7 +278,7 @@ def test_generators_do_not_depend_on_the_process_hash_seed():
     import sys
 
     script = (
-        "from teamtr.evals.tasks import get_task\n"
+        "from teamtr.tasks import get_task\n"
         f"for name in {FAMILIES!r}:\n"
         "    print([x.prompt for x in get_task(name).generate(3, 4)])\n"
     )

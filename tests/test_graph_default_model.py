@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
+from teamtr.engines.models import MARKER_FILE, ModelReferenceError, check_reference, model_label
 from teamtr.graphs.spec import GRAPH_DEFAULT_MODEL, TeamConfig, default_model
-from teamtr.serving.engines.models import MARKER_FILE, ModelReferenceError, check_reference, model_label
 from teamtr.training.config import TrainConfig
 from teamtr.training.run_dir import RunDir, RunDirError, model_path, with_default_model
 
@@ -94,7 +94,7 @@ def test_a_base_that_is_not_there_is_refused_before_the_run_directory_exists(tmp
 
 
 def test_saved_adapters_name_their_base_model(tiny_model_dir, tmp_path):
-    from teamtr.serving.engines.embedded import EmbeddedEngine
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.training.checkpoint import save_peft_adapter
 
     engine = EmbeddedEngine(str(tiny_model_dir), device="cpu", threads=1)
@@ -172,7 +172,7 @@ def test_the_review_loop_without_a_model_trains_and_serves_on_smollm2(smollm2_mo
 
 def test_serving_keeps_a_hub_id_or_shipped_name_as_written(tmp_path):
     """A run's `team.model` / `team.bases` may be paths (made absolute) or references (kept)."""
-    from teamtr.serving.engines.models import local_or_reference
+    from teamtr.engines.models import local_or_reference
     from teamtr.serving.server import ServeConfig
 
     (tmp_path / "warm").mkdir()

@@ -132,7 +132,7 @@ def test_best_of_n_on_a_state_reward_and_a_bad_verifier_are_clear_errors(review_
 
 
 def test_a_task_family_named_on_the_command_line_gives_instances_and_verifier(review_run, tmp_path):
-    from teamtr.evals.tasks import get_task
+    from teamtr.tasks import get_task
 
     out = _eval(review_run, tmp_path, "--task", "chain", "--seed", "5")
     assert out["task"] == "chain" and out["scored_by"] == "the chain verifier"

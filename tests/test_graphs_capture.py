@@ -23,6 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Send
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.capture import (
     EpisodeLimitError,
     ForeignModelWarning,
@@ -36,7 +37,6 @@ from teamtr.graphs.role_models import RoleModels, UnknownRoleError
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team, TeamError, load_router
-from teamtr.serving.engines.embedded import EmbeddedEngine
 
 ROLE_NAMES = ("planner", "left", "right", "merger")
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=8, stop=("\n",))

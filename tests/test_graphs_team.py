@@ -9,12 +9,12 @@ import torch
 from adapter_fixtures import randomise_adapters
 from langgraph.graph import END
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.chain_team import chain_roles, chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.team import RoundRobin, Team, TeamError
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.tasks import get_task
 
 ROLES = ("adder1", "adder2", "adder3")
 

@@ -20,10 +20,10 @@ from test_training_trainer import (  # importing it registers the trainer tests'
     train,
 )
 
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.graphs.trajectory import Trajectory, Turn
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
 from teamtr.training.diagnostics import OutOfSampleKL
 from teamtr.training.policy import AdapterPolicy
 

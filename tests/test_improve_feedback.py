@@ -1,4 +1,4 @@
-"""Learning from feedback without a verifier (serving/exploration.py, training/improve/feedback.py,
+"""Learning from feedback without a verifier (serving/exploration.py, improve/feedback.py,
 feedback_team.py, llm_judge.py; docs/improve.md "Learning from feedback"):
 
 - the exploration draw honours its share within a binomial bound; exploratory served episodes carry
@@ -29,23 +29,23 @@ from improve_fixtures import UNVERIFIABLE, LowStart, served_run
 from scipy.stats import binom, binomtest
 from serving_fixtures import serve_in_background
 
+from teamtr.client.admin_client import AdminClient
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.run_layout import read_records
 from teamtr.graphs.trajectory import Trajectory, Turn
-from teamtr.serving.admin_client import AdminClient
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.exploration import ExplorationDraw
-from teamtr.serving.server import ServeConfig
-from teamtr.training.behaviour import OffPolicyTurnsError
-from teamtr.training.improve.data import ImproveDataError
-from teamtr.training.improve.feedback import (
+from teamtr.improve.data import ImproveDataError
+from teamtr.improve.feedback import (
     FeedbackEpisodeError,
     feedback_episodes,
     trajectory_from_dict,
     truncated_weights,
 )
-from teamtr.training.improve.llm_judge import LLMJudge, read_template
-from teamtr.training.improve.stats import confidence_sequence
+from teamtr.improve.llm_judge import LLMJudge, read_template
+from teamtr.improve.stats import confidence_sequence
+from teamtr.serving.exploration import ExplorationDraw
+from teamtr.serving.server import ServeConfig
+from teamtr.training.behaviour import OffPolicyTurnsError
 
 TESTS = Path(__file__).parent
 FAMILY = LowStart()
@@ -153,7 +153,7 @@ def test_feedback_weights_of_a_moved_policy(tiny_model_dir):
     exp(sum of the token log-prob changes) after one (computed here by hand from the engine)."""
     import torch
 
-    from teamtr.training.improve.feedback import BehaviourLogProbs, episode_log_ratios
+    from teamtr.improve.feedback import BehaviourLogProbs, episode_log_ratios
     from teamtr.training.policy import AdapterPolicy
 
     engine = EmbeddedEngine(tiny_model_dir, adapters={"j": None}, threads=1)
@@ -343,7 +343,7 @@ def test_improve_learns_from_feedback_alone(tiny_model_dir, tmp_path):
 
 
 def test_feedback_trained_on_judges_neither_gate_nor_canary_unless_allowed():
-    from teamtr.training.improve.judge import resolve_judges
+    from teamtr.improve.judge import resolve_judges
 
     def load(spec):
         if spec == "verifier":

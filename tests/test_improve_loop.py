@@ -1,4 +1,4 @@
-"""`teamtr improve` end to end (training/improve/, docs/improve.md): a served team, a client sending traffic
+"""`teamtr improve` end to end (improve/, docs/improve.md): a served team, a client sending traffic
 and verifier feedback, the improve command as its own process.
 
 - the loop trains from the served versions, gates, canaries and promotes every role at once; killed with
@@ -44,10 +44,10 @@ from improve_fixtures import (
 )
 from serving_fixtures import serve_in_background
 
+from teamtr.client.admin_client import AdminClient
 from teamtr.graphs.run_layout import read_records
-from teamtr.serving.admin_client import AdminClient
+from teamtr.improve.stats import gate_test
 from teamtr.serving.server import ServeConfig
-from teamtr.training.improve.stats import gate_test
 
 TESTS = Path(__file__).parent
 FAMILY = LowStart()

@@ -1,4 +1,4 @@
-"""The improve loop's pure pieces (training/improve/): the served-data window and split, reward sources,
+"""The improve loop's pure pieces (improve/): the served-data window and split, reward sources,
 the confidence sequence the gate and canary decide on, canary arms and the sequential decision, the
 judges, the promotion log."""
 
@@ -9,19 +9,19 @@ import json
 import numpy as np
 import pytest
 
-from teamtr.evals.tasks import get_task
+from teamtr.client.protocol import ServedEpisode
 from teamtr.graphs.run_layout import append_record, read_records
-from teamtr.serving.protocol import ServedEpisode
-from teamtr.training.improve.canary import CanaryConfig, arm_of, decide, tally
-from teamtr.training.improve.data import (
+from teamtr.improve.canary import CanaryConfig, arm_of, decide, tally
+from teamtr.improve.data import (
     ImproveDataError,
     ServedTasks,
     select_episodes,
     split_prompts,
     verifier_reward,
 )
-from teamtr.training.improve.judge import resolve_judges
-from teamtr.training.improve.stats import confidence_sequence
+from teamtr.improve.judge import resolve_judges
+from teamtr.improve.stats import confidence_sequence
+from teamtr.tasks import get_task
 
 
 def episode(
@@ -186,8 +186,8 @@ def test_promotion_log_is_append_only_and_survives_a_torn_line(tmp_path):
 
 
 def test_watch_starts_a_round_on_new_traffic_and_backs_off_after_setbacks(tmp_path):
-    from teamtr.training.improve.timeline import write_timeline
-    from teamtr.training.improve.watch import WatchConfig, backoff, due, new_traffic
+    from teamtr.improve.timeline import write_timeline
+    from teamtr.improve.watch import WatchConfig, backoff, due, new_traffic
 
     cfg = WatchConfig(new_episodes=3, new_feedback=2, backoff_s=60, max_backoff_s=200)
     eps = [episode("1+2", t, {}) for t in range(5)]
@@ -210,7 +210,7 @@ def test_a_role_whose_weights_did_not_move_is_not_changed(tiny_model_dir, tmp_pa
 
     from serving_fixtures import write_versions
 
-    from teamtr.training.improve.train import same_weights
+    from teamtr.improve.train import same_weights
 
     run = write_versions(tiny_model_dir, tmp_path / "run", range(1, 3), roles=("adder2",))
     v1, v2 = run / "adapters/adder2/v1", run / "adapters/adder2/v2"
@@ -222,8 +222,8 @@ def test_improve_rolls_out_on_the_runs_engine_or_refuses(tiny_model_dir, tmp_pat
     """rollout.engine: vllm with no server to reach: a clear error, never the embedded engine instead."""
     from improve_fixtures import served_run
 
-    from teamtr.training.improve.data import ServedTasks
-    from teamtr.training.improve.train import ServedTrainer, improve_config, incumbent_engine
+    from teamtr.improve.data import ServedTasks
+    from teamtr.improve.train import ServedTrainer, improve_config, incumbent_engine
     from teamtr.training.run_dir import RunDir, RunDirError
 
     served = RunDir(served_run(tiny_model_dir, tmp_path / "t"))

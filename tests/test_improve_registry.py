@@ -12,11 +12,11 @@ from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_ver
 from typer.testing import CliRunner
 
 from teamtr.cli.serve import app as cli_app
+from teamtr.client.admin_client import AdminClient, AdminRequestError
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.run_layout import version_dirs
 from teamtr.graphs.trajectory import prompt_group
 from teamtr.serving.adapter_checks import AdapterError
-from teamtr.serving.admin_client import AdminClient, AdminRequestError
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.tracing import trajectories_from_store
@@ -145,7 +145,7 @@ def test_improve_abandon_drops_the_unfinished_attempts_candidate(tiny_model_dir,
     """`teamtr improve --abandon` after a kill mid-canary: the attempt's candidate (known by its id) is
     dropped, the incumbent serves, the promotion log says so; a second --abandon has nothing to do."""
     from teamtr.graphs.run_layout import read_records
-    from teamtr.training.improve.loop import ImproveConfig, ImproveLoop
+    from teamtr.improve.loop import ImproveConfig, ImproveLoop
 
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     path = (
@@ -193,8 +193,8 @@ def test_watch_reports_through_the_admin_api_show_on_metrics(tiny_model_dir, tmp
     shape with nothing stored, a report shown on /metrics; a few teams' reports at most."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from teamtr.client.protocol import ImproveReport
     from teamtr.serving.admin import MAX_REPORTS
-    from teamtr.serving.protocol import ImproveReport
 
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     with serve_in_background(ServeConfig.from_run_dir(run, "chain", admin_key="adm")) as server:

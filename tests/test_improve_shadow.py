@@ -1,5 +1,5 @@
 """The canary paired by prompt, with real served episodes (serving/episodes.py shadow runs,
-serving/registry.py `hold_shadow`, training/improve/canary.py `tally`): with a candidate staged with
+serving/registry.py `hold_shadow`, improve/canary.py `tally`): with a candidate staged with
 `shadow`, every canary request is answered a second time by the incumbent on the same prompt (its answer
 never returned, no feedback reaching it), the two episodes share a pair id in the span store, the
 listing leaves shadows out unless asked, the canary's tally pairs each canary episode with its own
@@ -13,11 +13,11 @@ import time
 import httpx
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.serving.admin_client import AdminClient
+from teamtr.client.admin_client import AdminClient
+from teamtr.improve.canary import CanaryConfig, decide, tally
+from teamtr.improve.judge import Judges
+from teamtr.improve.loop import ImproveConfig, ImproveLoop
 from teamtr.serving.server import ServeConfig
-from teamtr.training.improve.canary import CanaryConfig, decide, tally
-from teamtr.training.improve.judge import Judges
-from teamtr.training.improve.loop import ImproveConfig, ImproveLoop
 
 PROMPTS = [f"{a}+{b}+{a + b}+1" for a, b in ((1, 2), (3, 4), (5, 1), (2, 2), (7, 1), (4, 4), (6, 2), (1, 8))]
 ROLE_OF = {"adder1": "adder1", "adder2": "adder2", "adder3": "adder3"}

@@ -1,4 +1,4 @@
-"""The gate's and the canary's tests (training/improve/stats.py): the exact sign test and the paired
+"""The gate's and the canary's tests (improve/stats.py): the exact sign test and the paired
 t-test at a fixed number of prompts, their stated error rate and power; the canary's betting test, its
 false-promotion rate when looked at after every pair and its power, by simulation of the function that
 decides (fixed seeds and sizes: each figure is a deterministic function of the code); the sizing."""
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from teamtr.training.improve.stats import (
+from teamtr.improve.stats import (
     canary_bounds,
     canary_crossings,
     canary_promoted,

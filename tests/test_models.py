@@ -1,5 +1,5 @@
 """Model references (folder, hub id, GGUF), device and dtype, every EOS id, `teamtr models prepare`,
-and the real SmolLM2 GGUF converted once into the cache (serving/engines/models.py, serving/engines/devices.py)."""
+and the real SmolLM2 GGUF converted once into the cache (engines/models.py, engines/devices.py)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,9 @@ from langchain_core.messages import HumanMessage
 from transformers import GenerationConfig
 from typer.testing import CliRunner
 
-from teamtr.graphs.chat_format import render_prompt, render_prompt_ids, template_traits
-from teamtr.graphs.engine import SamplingParams
-from teamtr.graphs.roles import Role, role_messages
-from teamtr.serving.engines.devices import DeviceError, resolve_device, resolve_dtype
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.models import (
+from teamtr.engines.devices import DeviceError, resolve_device, resolve_dtype
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.models import (
     ModelReferenceError,
     ResolvedModel,
     model_kind,
@@ -33,7 +30,10 @@ from teamtr.serving.engines.models import (
     resolve_model,
     shipped_gguf_path,
 )
-from teamtr.serving.engines.vllm_server import VLLMServerConfig, VLLMServerError, start_vllm_server
+from teamtr.engines.vllm_server import VLLMServerConfig, VLLMServerError, start_vllm_server
+from teamtr.graphs.chat_format import render_prompt, render_prompt_ids, template_traits
+from teamtr.graphs.engine import SamplingParams
+from teamtr.graphs.roles import Role, role_messages
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
@@ -240,7 +240,7 @@ def test_smollm2_is_prepared_once_and_answers(smollm2, tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_template_keeps_authorship(smollm2):
-    from teamtr.serving.engines.embedded import load_tokenizer
+    from teamtr.engines.embedded import load_tokenizer
 
     tok = load_tokenizer(smollm2)
     traits = template_traits(tok)

@@ -13,9 +13,9 @@ from serving_fixtures import ROLES, make_run_dir, write_versions
 from typer.testing import CliRunner
 
 from teamtr.cli.serve import app as cli_app
+from teamtr.client.admin_client import AdminClient
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.run_layout import read_records, version_dirs
-from teamtr.serving.admin_client import AdminClient
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.promotion_log import PromotionLog
 from teamtr.serving.registry import AdapterRegistry
 

@@ -32,18 +32,18 @@ from adapter_fixtures import randomise_lora_b
 from ci_strict import missing_requirement
 from serving_fixtures import serve_in_background
 
-from teamtr.evals.tasks.chain import ChainArithmetic
+from teamtr.client.admin_client import AdminClient, AdminRequestError
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.engines.vllm_engine import VLLMEngine, VLLMRequestError
 from teamtr.graphs.chain_team import SYSTEM_PROMPT, chain_roles
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 from teamtr.graphs.roles import role_messages
 from teamtr.graphs.team import Team
 from teamtr.serving.adapter_checks import AdapterError
-from teamtr.serving.admin_client import AdminClient, AdminRequestError
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.engines.vllm_engine import VLLMEngine, VLLMRequestError
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.server import ServeConfig, ServedTeamConfig
+from teamtr.tasks.chain import ChainArithmetic
 
 pytest_plugins = ["vllm_fixtures"]
 

@@ -25,10 +25,10 @@ import pytest
 import torch
 from test_training_trainer import small_config
 
+from teamtr.engines.vllm_engine import VLLMEngine
+from teamtr.engines.vllm_server import VLLMServer
 from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 from teamtr.graphs.run_layout import read_metrics
-from teamtr.serving.engines.vllm_engine import VLLMEngine
-from teamtr.serving.engines.vllm_server import VLLMServer
 from teamtr.training.trainer import Trainer
 
 pytest_plugins = ["vllm_fixtures"]

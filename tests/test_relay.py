@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_training_trainer import tiny_model  # noqa: F401 (fixture)
 
-from teamtr.evals.tasks import get_task
-from teamtr.evals.tasks.relay import RelayOrder, speakers
-from teamtr.training.theory.env import relay_instance, relay_speakers, relay_warm_logits
-from teamtr.training.theory.exact import evaluate
+from teamtr.tasks import get_task
+from teamtr.tasks.relay import RelayOrder, speakers
+from teamtr.theory.env import relay_instance, relay_speakers, relay_warm_logits
+from teamtr.theory.exact import evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -93,7 +93,7 @@ def test_the_lab_twin_has_the_llm_warm_starts_accuracy(n):
 
 
 def test_lab_scaling_runs_the_relay_family():
-    from teamtr.training.theory.scaling import ScalingConfig, run_one
+    from teamtr.theory.scaling import ScalingConfig, run_one
 
     cfg = ScalingConfig(agents=[2, 4], family="relay", seeds=1, stages=2, delta=0.3, legibility=1.0)
     metrics, _ = run_one(cfg, 4, 0, "teamtr")

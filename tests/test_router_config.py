@@ -18,9 +18,9 @@ from serving_fixtures import serve_in_background
 from test_training_trainer import small_config, tiny_model, train  # noqa: F401  (registers the test task)
 
 from teamtr.cli.eval import load_eval_team
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.spec import SpecError, build_team
 from teamtr.graphs.trajectory import load_jsonl
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.server import ServeConfig, ServedTeamConfig, served_team
 from teamtr.training.run_dir import RunDir, RunDirError
 

@@ -179,7 +179,7 @@ def test_a_run_refuses_a_different_config_and_names_bad_fields(tiny_model_dir, t
 
 
 ROLES_MODULE = """
-from teamtr.evals.tasks import register, task_names
+from teamtr.tasks import register, task_names
 from teamtr.graphs.chain_team import chain_roles
 
 

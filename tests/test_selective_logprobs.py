@@ -1,4 +1,4 @@
-"""The selective log-softmax (serving/engines/embedded_scoring.py) and the chunked exact KL
+"""The selective log-softmax (engines/embedded_scoring.py) and the chunked exact KL
 (training/vocab_kl.py): log-probs at completion positions only, the LM head a chunk of positions at a time
 under checkpointing, equal to the old pass (float32 logits at every position + log_softmax) within 1e-5,
 with and without a gradient, gradients included, per-row adapter mixing and body checkpointing included;
@@ -12,9 +12,9 @@ import torch
 from adapter_fixtures import ALL_LINEAR, randomise_adapters
 from conftest import build_tiny_model
 
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.engines.embedded_adapters import adapters_for
-from teamtr.serving.engines.embedded_scoring import body_checkpointing, enable_body_checkpointing
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.engines.embedded_adapters import adapters_for
+from teamtr.engines.embedded_scoring import body_checkpointing, enable_body_checkpointing
 from teamtr.training.policy import AdapterPolicy, budget_chunks
 from teamtr.training.rollouts import RoleMessages, pad
 from teamtr.training.vocab_kl import Side, full_logprobs, message_divergences, message_kl
@@ -51,7 +51,7 @@ def old_token_logprobs(engine, prompts, completions, adapters, temperature=1.0):
 
 
 def new_token_logprobs(engine, prompts, completions, adapters, temperature=1.0, chunk=None):
-    from teamtr.serving.engines.embedded_scoring import token_logprobs
+    from teamtr.engines.embedded_scoring import token_logprobs
 
     return token_logprobs(engine._base("base"), prompts, completions, adapters, temperature, chunk)
 

@@ -11,8 +11,8 @@ import openai
 import pytest
 from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_versions
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.run_layout import version_dirs
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.tracing import trajectories_from_store
 

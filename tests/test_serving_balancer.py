@@ -26,8 +26,8 @@ from pg_fixtures import fresh_database, postgres_server
 from serve_process import start_serve, wait_healthy
 from serving_fixtures import make_run_dir, write_versions
 
+from teamtr.engines.vllm_server import free_port
 from teamtr.serving.conversations import message_digest
-from teamtr.serving.engines.vllm_server import free_port
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.tracing import trajectories_from_store
 

@@ -23,8 +23,8 @@ import pytest
 from chat_load import ThreadLoad
 from serving_fixtures import make_run_dir
 
+from teamtr.engines.vllm_server import free_port
 from teamtr.serving.conversations import message_digest, threads_path
-from teamtr.serving.engines.vllm_server import free_port
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.trace_store import read_spans
 from teamtr.serving.tracing import OP_AGENT, OP_CHAT, TASK_ID

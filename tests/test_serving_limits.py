@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serving_fixtures import make_run_dir, serve_in_background, write_versions
 
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.serving.server import ServeConfig, ServedTeamConfig
 
 TASK = "12+7+30+5"

@@ -16,15 +16,15 @@ from serving_fixtures import ROLES, adapter_config, make_run_dir, serve_in_backg
 from typer.testing import CliRunner
 
 from teamtr.cli.serve import app as cli_app
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.run_layout import version_dirs
 from teamtr.graphs.team import Team
 from teamtr.serving.adapter_checks import AdapterError, inspect_adapter
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.server import ServeConfig
+from teamtr.tasks import get_task
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8, stop=("\n",))
 
@@ -228,8 +228,8 @@ def test_admin_api_and_cli_push_list_rollback(tiny_model_dir, tmp_path):
 
 
 def test_admin_client_returns_typed_answers_and_raises_on_errors(tiny_model_dir, tmp_path):
-    from teamtr.serving.admin_client import AdminClient, AdminRequestError, ServerUnreachableError
-    from teamtr.serving.protocol import AdapterListResponse, AdapterVersionInfo
+    from teamtr.client.admin_client import AdminClient, AdminRequestError, ServerUnreachableError
+    from teamtr.client.protocol import AdapterListResponse, AdapterVersionInfo
 
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})

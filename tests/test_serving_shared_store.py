@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from teamtr.cli.main import app
-from teamtr.serving.engines.vllm_server import free_port
+from teamtr.engines.vllm_server import free_port
 from teamtr.serving.pg_store import PgStore, StoreError
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.server import ServeConfig
@@ -58,7 +58,7 @@ def test_two_replicas_share_threads_promotions_and_spans(tiny_model_dir, tmp_pat
 def test_two_replicas_on_one_vllm_server_share_them_too(vllm_server, vllm_model_dir, tmp_path, db):
     """The same with vLLM as the engine: both replicas attach one vLLM server and load every version into
     it under the same name; a version one replica unloads (idle there) while the other still serves it
-    is loaded again by the other on its 404 (serving/engines/vllm_engine.py `restore_adapters`)."""
+    is loaded again by the other on its 404 (engines/vllm_engine.py `restore_adapters`)."""
     check_two_replicas(vllm_model_dir, tmp_path, db, "--vllm-url", vllm_server.url)
 
 

@@ -17,8 +17,8 @@ from serving_fixtures import make_run_dir, serve_in_background
 from typer.testing import CliRunner
 
 from teamtr.cli.serve import app as cli_app
+from teamtr.engines.vllm_server import free_port
 from teamtr.graphs.trajectory import load_jsonl
-from teamtr.serving.engines.vllm_server import free_port
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.trace_store import read_spans
 from teamtr.serving.tracing import MissingTokensError, trajectories_from_store

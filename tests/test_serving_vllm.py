@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.vllm_engine import VLLMEngine, VLLMRequestError
+from teamtr.engines.vllm_server import VLLMServer, attach_vllm_server
 from teamtr.graphs.engine import Engine, SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.vllm_engine import VLLMEngine, VLLMRequestError
-from teamtr.serving.engines.vllm_server import VLLMServer, attach_vllm_server
 
 pytest_plugins = ["vllm_fixtures"]
 # slow: every test here needs the session's vLLM server, whose start-up alone takes 30 s or more

@@ -2,7 +2,7 @@
 follow get 503 in OpenAI's error shape (`engine_unavailable`), none runs past its deadline, and
 `/health/ready` turns false. Its own vLLM server (the session's stays up for the other tests), killed
 with SIGKILL like a crashed process, then started again on the same port: it has lost its LoRA adapters,
-the engine loads them again (serving/engines/vllm_engine.py `restore_adapters`), `/health/ready` comes back and
+the engine loads them again (engines/vllm_engine.py `restore_adapters`), `/health/ready` comes back and
 requests run on the same adapter versions as before the kill."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 from vllm_fixtures import vllm_skip_reason
 
-from teamtr.serving.engines.vllm_server import free_port, start_vllm_server
+from teamtr.engines.vllm_server import free_port, start_vllm_server
 from teamtr.serving.server import ServeConfig
 
 pytest_plugins = ["vllm_fixtures"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from teamtr.serving.engines.vllm_engine import VLLMEngine, _error_message
-from teamtr.serving.engines.vllm_server import (
+from teamtr.engines.vllm_engine import VLLMEngine, _error_message
+from teamtr.engines.vllm_server import (
     LOGPROBS_MODE,
     VLLMServerConfig,
     VLLMServerError,
@@ -49,8 +49,8 @@ def test_tensor_and_pipeline_parallel_servers_run_one_worker_per_gpu(tmp_path: P
 
 
 def test_replica_devices_and_attaching_one_base_only(tmp_path: Path) -> None:
-    from teamtr.serving.engines.vllm_replica_launch import open_replica_engine, replica_configs
-    from teamtr.serving.engines.vllm_replicas import VLLMReplicaEngine
+    from teamtr.engines.vllm_replica_launch import open_replica_engine, replica_configs
+    from teamtr.engines.vllm_replicas import VLLMReplicaEngine
 
     config = VLLMServerConfig(model_dir="m", tensor_parallel_size=2, extra_env={"HF_HOME": "/h"})
     envs = [c.extra_env for c in replica_configs(config, 2, ["0,1", "2,3"])]

@@ -1,4 +1,4 @@
-"""Two REAL vLLM servers behind one training run and one served team (serving/engines/vllm_replicas.py).
+"""Two REAL vLLM servers behind one training run and one served team (engines/vllm_replicas.py).
 
 A TeamTR stage samples its rollouts on both (rollout.vllm_urls), each accepted version loaded on both
 before the next rollout. Then 8 clients keep asking the served team while every role's adapter is
@@ -26,10 +26,10 @@ from adapter_fixtures import random_lora_adapter
 from serving_fixtures import ROLES, make_run_dir, serve_in_background, write_versions
 from test_training_trainer import small_config
 
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.vllm_http import VLLMRequestError
+from teamtr.engines.vllm_server import VLLMServer, VLLMServerConfig, launch
 from teamtr.graphs.run_layout import read_metrics, version_dirs
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.vllm_http import VLLMRequestError
-from teamtr.serving.engines.vllm_server import VLLMServer, VLLMServerConfig, launch
 from teamtr.serving.server import ServeConfig
 from teamtr.training.trainer import Trainer
 

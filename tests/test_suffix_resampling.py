@@ -14,12 +14,12 @@ import torch
 from adapter_fixtures import randomise_adapters
 from scipy.stats import chi2_contingency
 
-from teamtr.evals.tasks import get_task
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.engines.embedded import EmbeddedEngine
+from teamtr.tasks import get_task
 
 ROLES = ("adder1", "adder2", "adder3")
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=2, stop=("\n",))

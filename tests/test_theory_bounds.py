@@ -1,4 +1,4 @@
-"""Property tests: TeamTR's bounds (in the finite-horizon form of training/theory/bounds.py) are never
+"""Property tests: TeamTR's bounds (in the finite-horizon form of theory/bounds.py) are never
 violated by the exact improvement on thousands of random teams, and a wrong constant is caught."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from teamtr.cli.theory import app
+from teamtr.theory.bounds import BOUND_NAMES, BoundConstants, BoundForm, check_stage
+from teamtr.theory.cases import check_case, random_case, speak_once_case
+from teamtr.theory.env import chain_instance, chain_warm_logits, random_instance, random_logits
+from teamtr.theory.team import TabularTeam, train
 from teamtr.training.stage import ScheduleConfig
-from teamtr.training.theory.bounds import BOUND_NAMES, BoundConstants, BoundForm, check_stage
-from teamtr.training.theory.cases import check_case, random_case, speak_once_case
-from teamtr.training.theory.env import chain_instance, chain_warm_logits, random_instance, random_logits
-from teamtr.training.theory.team import TabularTeam, train
 
 seeds = st.integers(0, 2**32 - 1)
 

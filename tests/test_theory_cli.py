@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from teamtr.cli.theory import app
-from teamtr.training.theory.bounds import BOUND_NAMES
+from teamtr.theory.bounds import BOUND_NAMES
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""The convention family of the exact lab (training/theory/env.py): its exact return on a hand-checkable
+"""The convention family of the exact lab (theory/env.py): its exact return on a hand-checkable
 team, observation-tied policies staying tied through the shared stage loop, TeamTR's bounds on it, and
 the return gap between TeamTR and naive sequential that chain teams do not show (docs/theory.md 5b)."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from teamtr.theory.bounds import BOUND_NAMES, BoundConstants, check_stage
+from teamtr.theory.env import TeamInstance, convention_instance, convention_warm_logits
+from teamtr.theory.exact import evaluate, policies
+from teamtr.theory.scaling import ScalingConfig, run_one
+from teamtr.theory.team import TabularTeam, train
 from teamtr.training.stage import ScheduleConfig
-from teamtr.training.theory.bounds import BOUND_NAMES, BoundConstants, check_stage
-from teamtr.training.theory.env import TeamInstance, convention_instance, convention_warm_logits
-from teamtr.training.theory.exact import evaluate, policies
-from teamtr.training.theory.scaling import ScalingConfig, run_one
-from teamtr.training.theory.team import TabularTeam, train
 
 
 def softmax(z: list[float]) -> np.ndarray:

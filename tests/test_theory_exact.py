@@ -9,22 +9,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from teamtr.training.stage import ScheduleConfig
-from teamtr.training.theory.env import (
+from teamtr.theory.env import (
     TeamInstance,
     chain_instance,
     chain_warm_logits,
     random_instance,
     random_logits,
 )
-from teamtr.training.theory.exact import (
+from teamtr.theory.exact import (
     evaluate,
     policies,
     trajectory_ess_fraction,
     trust_region_step,
     weighted_kl,
 )
-from teamtr.training.theory.team import TabularTeam, train
+from teamtr.theory.team import TabularTeam, train
+from teamtr.training.stage import ScheduleConfig
 
 seeds = st.integers(0, 2**32 - 1)
 

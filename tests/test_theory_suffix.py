@@ -1,15 +1,15 @@
 """Suffix resampling equals full resampling of the updated team in distribution, exactly
-(training/theory/suffix.py), and keeping the stale suffix does not."""
+(theory/suffix.py), and keeping the stale suffix does not."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from teamtr.theory.env import random_instance, random_logits
+from teamtr.theory.suffix import episode_distribution, suffix_resampled_distribution
+from teamtr.theory.team import TabularTeam, train
 from teamtr.training.stage import ScheduleConfig
-from teamtr.training.theory.env import random_instance, random_logits
-from teamtr.training.theory.suffix import episode_distribution, suffix_resampled_distribution
-from teamtr.training.theory.team import TabularTeam, train
 
 
 def _tv(a: dict, b: dict) -> float:

@@ -10,8 +10,8 @@ import openai
 import pytest
 from serving_fixtures import make_run_dir, serve_in_background
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.engine import SamplingParams
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.token_stream import AnswerStream, safe_prefix
 

@@ -205,7 +205,7 @@ def test_a_strict_template_gets_tool_results_as_user_turns():
 
 @pytest.mark.slow
 def test_smollm2_renders_tools_in_the_system_prompt(smollm2_model_dir):
-    from teamtr.serving.engines.embedded import load_tokenizer
+    from teamtr.engines.embedded import load_tokenizer
 
     tok = load_tokenizer(smollm2_model_dir)
     traits = template_traits(tok)
@@ -227,7 +227,7 @@ def test_smollm2_renders_tools_in_the_system_prompt(smollm2_model_dir):
 def engine(tmp_path_factory):
     from conftest import build_tiny_model
 
-    from teamtr.serving.engines.embedded import EmbeddedEngine
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.training.tiny_models import build_char_tokenizer
 
     model = build_tiny_model(tmp_path_factory.mktemp("tools-model"))
@@ -320,7 +320,7 @@ def test_a_tool_node_loop_around_the_engine_records_calls_and_results(tmp_path, 
     prompt ids are the template's rendering of every tool message, and the trajectory has both turns."""
     from conftest import build_tiny_model
 
-    from teamtr.serving.engines.embedded import EmbeddedEngine
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.training.tiny_models import build_char_tokenizer
 
     model_dir = build_tiny_model(tmp_path / "m")
@@ -440,9 +440,9 @@ def test_the_engine_model_calls_a_tool_and_reads_its_result(tmp_path, template):
     """model -> tools_condition -> ToolNode -> model with an embedded engine whose model was taught to
     call `add` and then answer: the completion's call is parsed into tool_calls, ToolNode runs it, the
     second turn's prompt holds the result rendered by the template, and both turns record it."""
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.chat_format import render_prompt_ids
     from teamtr.graphs.tool_calls import call_id
-    from teamtr.serving.engines.embedded import EmbeddedEngine
     from teamtr.training.tiny_models import build_char_tokenizer
 
     chat_template = CHATML_TOOLS if template == "native" else CHATML

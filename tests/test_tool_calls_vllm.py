@@ -21,6 +21,8 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from transformers import AutoTokenizer
 
+from teamtr.engines.vllm_engine import VLLMEngine
+from teamtr.engines.vllm_server import VLLMServer, start_vllm_server
 from teamtr.graphs.capture import GraphTeam
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.engine import SamplingParams
@@ -28,8 +30,6 @@ from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.tool_calls import format_tool_call
-from teamtr.serving.engines.vllm_engine import VLLMEngine
-from teamtr.serving.engines.vllm_server import VLLMServer, start_vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # the session's vLLM server starts in 30 s or more
 

@@ -123,10 +123,10 @@ def test_the_warm_started_solver_writes_tool_calls_that_the_tool_node_runs(warm_
 
     from examples.review_loop import calculate
     from examples.tool_team import build, make_input, roles
-    from teamtr.evals.tasks.chain import ChainArithmetic
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.capture import run_episode
     from teamtr.graphs.role_models import RoleModels
-    from teamtr.serving.engines.embedded import EmbeddedEngine
+    from teamtr.tasks.chain import ChainArithmetic
 
     greedy = [dataclasses.replace(r, adapter=None, sampling=dataclasses.replace(r.sampling, temperature=0.0))
               for r in roles()]  # fmt: skip

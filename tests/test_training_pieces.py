@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from teamtr.theory.env import chain_instance, chain_warm_logits
+from teamtr.theory.team import TabularTeam, train
 from teamtr.training.advantages import group_normalised_advantages
 from teamtr.training.certificate import (
     CertificateTerm,
@@ -18,8 +20,6 @@ from teamtr.training.certificate import (
 from teamtr.training.config import TrainConfig, merge
 from teamtr.training.losses import clipped_surrogate, kl_estimates, penalised_loss
 from teamtr.training.stage import ScheduleConfig
-from teamtr.training.theory.env import chain_instance, chain_warm_logits
-from teamtr.training.theory.team import TabularTeam, train
 from teamtr.training.trust_region import AdapterState, AttemptResult, enforce_trust_region, next_beta
 
 torch.set_num_threads(1)

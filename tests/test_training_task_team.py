@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from teamtr.cli.eval import load_eval_team
-from teamtr.evals.runners import default_roles
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.graphs.spec import team_roles
+from teamtr.tasks.roles import default_roles
 from teamtr.training.config import TrainConfig
 from teamtr.training.trainer import Trainer
 

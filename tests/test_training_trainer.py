@@ -52,8 +52,8 @@ def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
 
 def stage_team(cfg: TrainConfig, model: str):
     """The LLM team of `cfg` on a fresh engine (seeded LoRA initialisation), for tests of single updates."""
-    from teamtr.evals.tasks import get_task
-    from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
+    from teamtr.tasks import get_task
     from teamtr.training.llm_team import LLMStageTeam, RunState
     from teamtr.training.metrics import MetricsLog
     from teamtr.training.progress import TrainingProgress

@@ -26,12 +26,12 @@ from adapter_fixtures import random_lora_adapter
 from safetensors.torch import load_file
 from test_training_trainer import small_config
 
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.open import serving_lora_rank
+from teamtr.engines.vllm_engine import VLLMEngine
+from teamtr.engines.vllm_server import VLLMServer
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.run_layout import read_metrics
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.open import serving_lora_rank
-from teamtr.serving.engines.vllm_engine import VLLMEngine
-from teamtr.serving.engines.vllm_server import VLLMServer
 from teamtr.training.run_dir import RunDir, RunDirError
 from teamtr.training.trainer import Trainer
 from teamtr.training.vllm_rollouts import VLLMRollouts

@@ -15,8 +15,8 @@ import torch
 from adapter_fixtures import randomise_adapters
 from test_training_trainer import small_config, stage_team  # importing it registers the trainer tests' task
 
+from teamtr.engines.embedded_scoring import enable_body_checkpointing
 from teamtr.graphs.run_layout import read_metrics, versions_after_stage
-from teamtr.serving.engines.embedded_scoring import enable_body_checkpointing
 from teamtr.training.advantages import advantages_for, group_normalised_advantages
 from teamtr.training.rollouts import messages_of_role
 from teamtr.training.stage import UpdateContext

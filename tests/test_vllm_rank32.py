@@ -1,4 +1,4 @@
-"""One way to open an engine (serving/engines/open.py): a run whose adapters have LoRA rank 32 trains with
+"""One way to open an engine (engines/open.py): a run whose adapters have LoRA rank 32 trains with
 its rollouts sampled by a vLLM server the trainer launches, and `teamtr serve RUN --engine vllm` launches
 its own server for it. Both launches size --max-lora-rank from the run (32), so neither refuses the
 adapters (serving once passed a fixed 16)."""

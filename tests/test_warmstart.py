@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from teamtr.evals.tasks import get_task
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import role_messages
+from teamtr.tasks import get_task
 from teamtr.training.tiny_models import MESSAGE_END, build_char_tokenizer
 from teamtr.training.warmstart import (
     IGNORE_INDEX,
@@ -179,8 +179,8 @@ def test_builder_decoding_matches_the_embedded_engine(tmp_path, tokenizer, task)
     stops on would not be the accuracy the demo reports."""
     import asyncio
 
+    from teamtr.engines.embedded import EmbeddedEngine
     from teamtr.graphs.engine import SamplingParams
-    from teamtr.serving.engines.embedded import EmbeddedEngine
     from teamtr.training.warmstart.evaluate import generate_messages
 
     # a few dozen steps: it writes digits and ends its messages (an untrained model writes only specials)

@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from teamtr.cli.eval import load_eval_team
-from teamtr.evals.runners import SYSTEM_PROMPTS, default_roles, with_private_view
-from teamtr.evals.tasks import get_task, task_names
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import role_messages
+from teamtr.tasks import get_task, task_names
+from teamtr.tasks.roles import SYSTEM_PROMPTS, default_roles, with_private_view
 from teamtr.training.tiny_models import MESSAGE_END, build_char_tokenizer
 from teamtr.training.warmstart import (
     FAMILY_SETTINGS,

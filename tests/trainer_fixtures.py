@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from teamtr.evals.tasks import register, task_names
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskInstance
+from teamtr.tasks import register, task_names
 
 TASK = "test-digit-start"
 ODD_TASK = "test-odd-start"  # a reward near 50/50 for a random model: almost every batch has a spread

@@ -11,7 +11,7 @@ modules would start one server per module). Fixtures:
 - `vllm_server`: a `VLLMServer` for that model, started once per session (or attached to
   $TEAMTR_VLLM_URL when set; that server must serve the same model directory);
 - `vllm_engine`: a fresh `VLLMEngine` over that server (base name "base");
-- `smollm2_model_dir`: SmolLM2-135M-Instruct prepared once into the teamtr cache (serving/engines/models.py;
+- `smollm2_model_dir`: SmolLM2-135M-Instruct prepared once into the teamtr cache (engines/models.py;
   scripts/setup_smollm2.sh installs and prepares it before the suite);
 - `smollm2_vllm_server`: a second session server, for SmolLM2 (its start-up time and memory: docs/vllm.md,
   docs/models.md), started only when a test asks for it (or attached to $TEAMTR_SMOLLM2_VLLM_URL).
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from teamtr.serving.engines.models import resolve_model
-from teamtr.serving.engines.vllm_engine import VLLMEngine
-from teamtr.serving.engines.vllm_server import (
+from teamtr.engines.models import resolve_model
+from teamtr.engines.vllm_engine import VLLMEngine
+from teamtr.engines.vllm_server import (
     DEFAULT_VLLM_PYTHON,
     REPO_ROOT,
     VLLM_PYTHON_ENV,

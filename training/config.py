@@ -15,9 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from teamtr.engines.open import VLLMSettings
 from teamtr.graphs.run_layout import DEFAULT_RUN_DIR
 from teamtr.graphs.spec import TaskConfig, TeamConfig
-from teamtr.serving.engines.open import VLLMSettings
 from teamtr.training.stage import ScheduleConfig
 
 LossKind = Literal["message_ratio", "ppo_batch_baseline", "grpo", "dapo"]
@@ -42,7 +42,7 @@ class RolloutConfig(VLLMSettings, _Strict):
     # `balanced_prompts`: relay's private value), so a batch covers the contexts later turns depend on;
     # False: B independent draws (as before 2026-12)
     stratify: bool = True
-    # vllm: vllm_url, vllm_args, vllm_env, vllm_urls, vllm_replicas, ... (serving/engines/open.py VLLMSettings)
+    # vllm: vllm_url, vllm_args, vllm_env, vllm_urls, vllm_replicas, ... (engines/open.py VLLMSettings)
 
 
 class LossConfig(_Strict):

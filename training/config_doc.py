@@ -4,7 +4,7 @@
     python -m teamtr.training.config_doc             # print it
 
 Every key of a training config (training/config.py `TrainConfig` and the sections it nests: graphs/spec.py
-`TaskConfig` / `TeamConfig`, training/stage.py `ScheduleConfig`, serving/engines/open.py `VLLMSettings`)
+`TaskConfig` / `TeamConfig`, training/stage.py `ScheduleConfig`, engines/open.py `VLLMSettings`)
 with its type, its default and what it does: the comment written beside or above the field in its class
 (or its `Field(description=...)`). tests/test_first_hour_traps.py fails when the file is not what this
 module writes, so whoever changes a config class last regenerates it.
@@ -201,7 +201,7 @@ def config_reference() -> str:
         "changes; an unknown key is an error. Any key can also be set on the command line:",
         "`teamtr train CONFIG --set optim.lr=1e-4 --set rollout.temperature=0.5`. The comments below are the",
         "ones written beside each field in its class (training/config.py, graphs/spec.py, training/stage.py,",
-        "serving/engines/open.py); docs/training.md explains the algorithm they configure and",
+        "engines/open.py); docs/training.md explains the algorithm they configure and",
         "docs/graphs.md a user's own graph.",
         "",
         f"## The run (top level)\n\n{_doc(TrainConfig)}",

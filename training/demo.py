@@ -29,9 +29,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.run_layout import read_metrics, versions_after_stage
 from teamtr.graphs.team import derive_seed
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.config import TrainConfig
 from teamtr.training.progress import RichCallbacks, TrainingProgress, progress_bars
 from teamtr.training.run_dir import RunDir, model_path

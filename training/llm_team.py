@@ -25,13 +25,13 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.roles import Role
 from teamtr.graphs.run_layout import adapter_dir
 from teamtr.graphs.spec import build_team
 from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.certificate import CertificateTerm, no_term, with_heldout
 from teamtr.training.checkpoint import save_peft_adapter
 from teamtr.training.config import TrainConfig
@@ -242,7 +242,7 @@ class LLMStageTeam:
     def episode_weights(self, ctx: UpdateContext[RolloutBatch]) -> np.ndarray | None:
         """Per-episode weights of the update's batch (None: every episode 1). The importance_weighting
         schedule: the stale batch of pi^0 reweighted towards pi^(i-1); a subclass may weigh otherwise
-        (training/improve/feedback_team.py: served episodes of the incumbent)."""
+        (improve/feedback_team.py: served episodes of the incumbent)."""
         return importance_weights(ctx.batch, self.policies) if ctx.reweight else None
 
     def update(self, ctx: UpdateContext[RolloutBatch]) -> LoggedUpdate:

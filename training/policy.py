@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.embedded_scoring import enable_body_checkpointing
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.embedded_scoring import enable_body_checkpointing
 from teamtr.training.distributed import DataParallel
 from teamtr.training.rollouts import RoleMessages, padded_logprobs
 from teamtr.training.token_counts import pass_tokens

@@ -19,6 +19,10 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal
 
+from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
+from teamtr.engines.models import ModelReferenceError, check_reference
+from teamtr.engines.open import EngineSpec, EngineSpecError, open_engine
+from teamtr.engines.vllm_server import VLLMServerError
 from teamtr.graphs.capture import describe_error
 from teamtr.graphs.code_digest import record_code_digest
 from teamtr.graphs.engine import DEFAULT_BASE
@@ -35,10 +39,6 @@ from teamtr.graphs.run_layout import (
 from teamtr.graphs.spec import SpecError, TaskConfig, TeamConfig, default_model, team_options, team_roles
 from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.user_graph import UserGraphError, data_family
-from teamtr.serving.engines.embedded import EmbeddedEngine, LoraSettings
-from teamtr.serving.engines.models import ModelReferenceError, check_reference
-from teamtr.serving.engines.open import EngineSpec, EngineSpecError, open_engine
-from teamtr.serving.engines.vllm_server import VLLMServerError
 from teamtr.training.config import TrainConfig
 from teamtr.training.config_file import read_config
 from teamtr.training.vllm_rollouts import VLLMRollouts
@@ -74,7 +74,7 @@ def with_default_model(cfg: TrainConfig) -> TrainConfig:
 
 def check_task(cfg: TrainConfig) -> None:
     """A task family this teamtr knows (its roles' module imported first: it may register the run's own)."""
-    from teamtr.evals.tasks import task_names
+    from teamtr.tasks import task_names
 
     if cfg.task.data is None and cfg.task.name not in task_names():
         close = get_close_matches(cfg.task.name, task_names(), n=1)
@@ -164,7 +164,7 @@ def record_failure(path: Path, error: BaseException) -> None:
 
 
 def _default_roles(task: str, **kwargs: Any) -> list[Role]:
-    from teamtr.evals.runners import default_roles
+    from teamtr.tasks.roles import default_roles
 
     return default_roles(task, **kwargs)
 
@@ -174,7 +174,7 @@ class RunDir(RunFiles):
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, _default_roles)
-        from teamtr.evals.tasks import task_names
+        from teamtr.tasks import task_names
 
         if self.config.team.roles and self.config.task.name not in task_names():
             _ = self.roles  # importing the roles' module may register the run's own task family
@@ -235,7 +235,7 @@ class RunDir(RunFiles):
         return cls(path)
 
     def task(self) -> TaskFamily:
-        from teamtr.evals.tasks import get_task
+        from teamtr.tasks import get_task
 
         if self.config.task.data is not None:  # a user graph's own tasks (graphs/user_graph.py)
             try:

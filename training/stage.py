@@ -25,7 +25,7 @@ The schedule is a parameter, not a copy per variant:
   resample=suffix       teamtr's resample keeps each episode of the previous batch up to the first
                         message of a role updated since, and samples only the rest from the current
                         team (`SuffixResampling.resample_suffix`): the kept prefix is already a sample of
-                        the current team (exact check: training/theory/suffix.py). A team without it
+                        the current team (exact check: theory/suffix.py). A team without it
                         resamples in full.
 """
 

@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.capture import describe_error
 from teamtr.graphs.roles import Role
 from teamtr.graphs.run_layout import METRICS_FILE, read_metrics
 from teamtr.graphs.spec import build_team
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.certificate import rank_correlation, stage_certificate_forms
 from teamtr.training.checkpoint import (
     BEST_STAGE,
@@ -177,7 +177,7 @@ class Trainer:
         return summary
 
     def stage_team(self, *args: Any, **kwargs: Any) -> LLMStageTeam:
-        """The team the stages drive (a subclass may train on other episodes: training/improve/)."""
+        """The team the stages drive (a subclass may train on other episodes: improve/)."""
         return LLMStageTeam(*args, **kwargs)
 
     def _stage(

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from teamtr.serving.engines.embedded_scoring import CompletionStates
+from teamtr.engines.embedded_scoring import CompletionStates
 from teamtr.training.config import TrustRegionConfig
 from teamtr.training.token_counts import pass_tokens
 from teamtr.training.vocab_kl import MessageKL, Side, message_divergences, message_sums

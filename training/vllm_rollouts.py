@@ -2,8 +2,8 @@
 
 The trainer keeps its `EmbeddedEngine`: it holds the trainable LoRA parameters and computes every
 log-prob of the update (training/policy.py). The team it rolls out through talks to `VLLMRollouts`
-instead, a `VLLMEngine` (serving/engines/vllm_engine.py) over a server attached at `rollout.vllm_url` or launched
-here for each base model (serving/engines/open.py `open_engine`; `close()` stops what was launched).
+instead, a `VLLMEngine` (engines/vllm_engine.py) over a server attached at `rollout.vllm_url` or launched
+here for each base model (engines/open.py `open_engine`; `close()` stops what was launched).
 
 Versions: `VLLMEngine` counts its own loads (0 at the first, +1 per in-place reload), which is not the
 trainer's version after a resume, nor on a server that loaded the adapter before. So every push says
@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from teamtr.engines.open import OpenedEngine
+from teamtr.engines.vllm_engine import VLLMEngine
+from teamtr.engines.vllm_replicas import VLLMReplicaEngine
+from teamtr.engines.vllm_server import VLLMServer
 from teamtr.graphs.engine import DEFAULT_BASE, Generation, SamplingParams
-from teamtr.serving.engines.open import OpenedEngine
-from teamtr.serving.engines.vllm_engine import VLLMEngine
-from teamtr.serving.engines.vllm_replicas import VLLMReplicaEngine
-from teamtr.serving.engines.vllm_server import VLLMServer
 
 
 @dataclass
 class VLLMRollouts:
     """The Engine the training team samples through in vLLM mode (tokenizer, generate, versions)."""
 
-    engine: VLLMEngine | VLLMReplicaEngine  # one server per base, or several (serving/engines/vllm_replicas.py)
+    engine: VLLMEngine | VLLMReplicaEngine  # one server per base, or several (engines/vllm_replicas.py)
     servers: list[VLLMServer] = field(default_factory=list)  # launched here: stopped by close()
     pushed: dict[tuple[str, str], int] = field(default_factory=dict)  # (base, adapter) -> trainer version
     push_seconds: float = 0.0  # wall time of every push so far

@@ -1,7 +1,7 @@
 """Exact next-token KL over the whole vocabulary at the positions of sampled messages.
 
 `message_kl` / `message_divergences` give the exact per-message KLs between two weight sets of one adapter,
-chunked by positions (serving/engines/embedded_scoring.py's pieces: the body's hidden states at completion
+chunked by positions (engines/embedded_scoring.py's pieces: the body's hidden states at completion
 positions only, the LM head and both log-softmaxes a chunk of positions at a time), so no [M, T, V] tensor
 exists for a batch: the trainer's paths (the enforced trust region, training/diagnostics.py `OutOfSampleKL`).
 `full_logprobs` gives log pi(. | s, x_<u) at every completion position as one [M, T, V] tensor (prompt
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from teamtr.serving.engines.embedded import EmbeddedEngine
-from teamtr.serving.engines.embedded_scoring import (
+from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.engines.embedded_scoring import (
     LOGIT_CHUNK_BYTES,
     CompletionStates,
     completion_states,

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.engine import DEFAULT_BASE
 from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.run_layout import adapter_dir
 from teamtr.graphs.team import derive_seed
-from teamtr.serving.engines.embedded import EmbeddedEngine
 from teamtr.training.certificate import certificate_constant
 from teamtr.training.checkpoint import (
     CHECKPOINTS,

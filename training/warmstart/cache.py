@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from teamtr.serving.engines.models import cache_root
+from teamtr.engines.models import cache_root
 from teamtr.training.warmstart.build import build_warm_model
 from teamtr.training.warmstart.config import WarmStartConfig
 from teamtr.training.warmstart.report import REPORT_FILE, load_report, sha256, write_report

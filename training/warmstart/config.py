@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from teamtr.evals.tasks import get_task, task_names
+from teamtr.tasks import get_task, task_names
 
 # Bump when the build procedure changes its result in a way the config does not show, so that models
 # cached by the old procedure are not reused as if the new one had built them.
@@ -42,7 +42,7 @@ model is shipped (shipped.py; docs/evals.md, "Across machines: the shipped demo 
     # "+"). Another separator makes a model that solves the same task but speaks differently to its
     # teammates (benchmarks/swap_shock.py's newcomer).
     message_separator: str = "+"
-    # the task family (a name in teamtr.evals.tasks) and its constructor knobs (chain: use steps and
+    # the task family (a name in teamtr.tasks) and its constructor knobs (chain: use steps and
     # max_operand above; task_options must stay empty)
     task: str = "chain"
     task_options: dict = field(default_factory=dict)

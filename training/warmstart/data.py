@@ -3,7 +3,7 @@ and the loss on the demonstrated message tokens only.
 
 Training contexts are rendered with the very function rollouts use
 (`render_prompt_ids(tokenizer, role_messages(role, task, transcript))`, the role's private view added
-by `evals.runners.with_private_view`), so there is no drift between the ids a role is trained on and
+by `tasks.roles.with_private_view`), so there is no drift between the ids a role is trained on and
 the ids it acts on.
 """
 

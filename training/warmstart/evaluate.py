@@ -2,7 +2,7 @@
 role conditioned on the messages the model itself wrote, scored by the family's own verifier.
 
 It decodes the in-memory model under training with `model.generate` (one batched call per role). The
-embedded engine (serving/engines/embedded.py) decodes the same way but loads its models from a path and runs
+embedded engine (engines/embedded.py) decodes the same way but loads its models from a path and runs
 every episode through the LangGraph team; the build evaluates every few dozen steps, so it stays here.
 """
 

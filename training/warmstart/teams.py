@@ -1,7 +1,7 @@
 """The team a warm start trains: its roles on an instance, what each role is demonstrated to write, and
 when a message counts as right.
 
-It is the team `teamtr eval` runs for that family (evals/runners.py):
+It is the team `teamtr eval` runs for that family (tasks/roles.py):
 - `chain`: the demo's adders; role k writes the running sum after addition k (`10+9+5`, `19+5`, `24`);
 - `split`: generic solvers, role i sees its private table; role i writes its own lookup of the symbol
   the previous role wrote (the hand-off), the last role's lookup is the answer;
@@ -15,12 +15,12 @@ It is the team `teamtr eval` runs for that family (evals/runners.py):
 
 from __future__ import annotations
 
-from teamtr.evals.tasks import get_task
-from teamtr.evals.tasks.chain import ChainArithmetic
-from teamtr.evals.tasks.convention import ConventionChain
 from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.roles import Role, with_view
 from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.tasks import get_task
+from teamtr.tasks.chain import ChainArithmetic
+from teamtr.tasks.convention import ConventionChain
 from teamtr.training.warmstart.config import WarmStartConfig
 
 
@@ -37,7 +37,7 @@ class WarmTeam:
         self.family, self.roles = family, roles
 
     def roles_for(self, instance: TaskInstance) -> list[Role]:
-        from teamtr.evals.runners import with_private_view
+        from teamtr.tasks.roles import with_private_view
 
         return [with_private_view(r, self.family, instance, i) for i, r in enumerate(self.roles)]
 
@@ -90,11 +90,11 @@ class ConventionTeam(WarmTeam):
 
 class RelayTeam(WarmTeam):
     """Generic solvers on `relay`, one entry per turn (the first role once, then the others for two
-    rounds: evals/tasks/relay.py `speakers`), each with its private view; demonstrated the instance's
+    rounds: tasks/relay.py `speakers`), each with its private view; demonstrated the instance's
     drawn message of that turn (slips and corrections included, at the rates the family sets)."""
 
     def __init__(self, family: TaskFamily, roles: list[Role]) -> None:
-        from teamtr.evals.tasks.relay import speakers
+        from teamtr.tasks.relay import speakers
 
         self.family, self.team_roles = family, roles
         self.turns = speakers(len(roles))
@@ -113,7 +113,7 @@ def warm_team(cfg: WarmStartConfig) -> tuple[TaskFamily, WarmTeam]:
     if cfg.task == "chain":
         family = ChainArithmetic(steps=cfg.steps, max_operand=cfg.max_operand)
         return family, ChainTeam(family, chain_roles(cfg.steps), cfg.message_separator)
-    from teamtr.evals.runners import default_roles
+    from teamtr.tasks.roles import default_roles
 
     family = get_task(cfg.task, **cfg.task_options)
     if cfg.task == "convention":

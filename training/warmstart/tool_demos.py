@@ -32,10 +32,10 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.messages.tool import tool_call
 from transformers import PreTrainedTokenizerFast
 
-from teamtr.evals.tasks.chain import ChainArithmetic
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.tool_calls import format_tool_call
+from teamtr.tasks.chain import ChainArithmetic
 from teamtr.training.tiny_models import build_char_tokenizer, new_model, save_model
 from teamtr.training.warmstart.build import deterministic_torch, lr_at
 from teamtr.training.warmstart.config import WarmStartConfig
