@@ -47,8 +47,8 @@ DEMO_TEST_SEED = 3_000_017
 # included, stays within 10 minutes on a 2-core CPU machine. The warm model (shipped for this config:
 # training/warmstart/shipped.py) was built until its greedy
 # team accuracy reached 45% (or for its 600-step budget, keeping the best checkpoint): the gain depends
-# on the warm start, and how these settings were chosen is in docs/training.md, "The demo from several
-# warm starts".
+# on the warm start, and how these settings were chosen is in benchmarks/results/trainer_check/README.md,
+# "History".
 DEMO_CONFIG: dict[str, Any] = {
     "seed": 0,
     "stages": 8,
