@@ -273,9 +273,9 @@ def eval_command(
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
     family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)
-    from teamtr.tasks.roles import MAX_NEW_TOKENS  # per-family message budget
+    from teamtr.tasks.roles import max_new_tokens_for  # per-family message budget
 
-    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
+    max_new_tokens = max_new_tokens or max_new_tokens_for(task)
     show_progress = not as_json
     runners = None
     if team is None:
