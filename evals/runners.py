@@ -1,7 +1,7 @@
 """Runners that answer task instances with a real team or one model (a LangGraph team on any engine).
 
 Engine-free: this module builds no engine and reads no run. `EngineRunners` takes an engine that
-implements graphs/engine.py's `Engine` and the roles to run on it; cli/eval.py `load_eval_team` builds
+implements graphs/engine.py's `Engine` and the roles to run on it; evals/teams.py `load_eval_team` builds
 both from `warm`, a model directory or a run directory (training/run_dir.py `RunDir`).
 
 Roles: the run's roles, else the chain demo's adders for `chain`, else generic solvers with a short

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
-from teamtr.cli.eval import load_eval_team
+from teamtr.evals.teams import load_eval_team
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import role_messages
 from teamtr.tasks import get_task, task_names

@@ -69,8 +69,8 @@ class WarmStartConfig:
     # torch intra-op threads inside the build. Part of the result: reductions split over another number
     # of threads add in another order, so a different count is a different (cached) model.
     threads: int = 1
-    # Accepted only as False, for callers that still pass it (cli/eval.py): choosing threads from the
-    # machine's load made the model depend on the machine, which is why it went.
+    # Accepted only as False, as shipped and cached builds record it (warmstart.json): choosing threads
+    # from the machine's load made the model depend on the machine, which is why it went.
     adapt_threads: bool = False
 
     def __post_init__(self) -> None:
