@@ -1,94 +1,24 @@
 """`teamtr eval`: score a team (or a file of responses) on a task family or a real benchmark.
 
-`TEAM_OR_RUN_DIR` may be `warm` (the cached warm-started model of the task's family, built on first use;
-a real benchmark uses the chain demo model), a model directory (`config.json`: every role speaks with
-that model), or a run directory (read by training/run_dir.py `RunDir`: its roles, bases and the newest
-adapter version of each role). A run of a user's own graph (team.graph) is evaluated by cli/graph_eval.py:
-its v0 and newest adapters on its own tasks (or --task), scored by its reward (or --verifier).
+`TEAM_OR_RUN_DIR` may be `warm`, a model directory or a run directory (evals/teams.py `load_eval_team`
+builds the team). A run of a user's own graph (team.graph) is evaluated by evals/graph_eval.py (printed by
+cli/graph_eval.py): its v0 and newest adapters on its own tasks (or --task), scored by its reward (or
+--verifier). This module parses the command and prints; the evaluation is evals/'s.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from teamtr.graphs.task import HELDOUT_SEED
 
-if TYPE_CHECKING:  # the engine and the run directory (torch) are imported when a command runs
-    from teamtr.engines.embedded import EmbeddedEngine
-    from teamtr.graphs.roles import Role
-
 app = typer.Typer()
-
-
-
-@dataclass
-class EvalTeam:
-    """A team ready to answer: its engine (every adapter loaded), its roles, and where they came from."""
-
-    engine: EmbeddedEngine
-    roles: list[Role]
-    source: str
-    bases: dict[str, str] = field(default_factory=dict)  # base name -> model directory
-    adapters: dict[str, Path] = field(default_factory=dict)  # adapter -> the saved version loaded
-    team_options: dict[str, Any] = field(default_factory=dict)  # a run's router / max_turns (RunDir)
-
-
-def load_eval_team(
-    source: str, task: str, n_roles: int = 3, threads: int | None = 1, stage: int | None = None
-) -> EvalTeam:
-    """`warm`, a model directory or a run directory -> the team to evaluate (one-line errors otherwise); a
-    run's newest adapters, or those after `stage` of its stages."""
-    if stage is not None and (source == "warm" or not (Path(source) / "config.yaml").is_file()):
-        raise ValueError(f"--stage {stage} needs a run directory, not {source}")
-    if source == "warm":
-        from teamtr.tasks.roles import default_roles  # a generic team
-        from teamtr.training.warmstart import ensure_warm_model, warm_config_for
-
-        # this family's warm model (a benchmark's: the chain demo model)
-        base = str(ensure_warm_model(warm_config_for(task)))
-        return _untrained_team(base, default_roles(task, n_roles), "warm", threads)
-    path = Path(source)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory (want a model or run directory, or 'warm')")
-    if (path / "config.yaml").is_file():
-        from teamtr.training.run_dir import RunDir
-
-        run = RunDir(path)
-        if run.config.team.graph is not None:  # a graph run: cli/graph_eval.py builds its team
-            raise ValueError(
-                f"{path} trains the graph {run.config.team.graph}: load_eval_team builds Team-shaped teams; "
-                "cli/graph_eval.py evaluates graph runs"
-            )
-        versions = run.stage_versions(stage)
-        adapters = {a: d for a, (_, d) in run.saved_adapters(versions).items()}
-        engine = run.engine(version=versions, threads=threads)
-        return EvalTeam(engine, run.roles, f"run {path}", run.base_paths(), adapters, run.team_options)
-    if (path / "config.json").is_file():
-        from teamtr.tasks.roles import default_roles
-
-        return _untrained_team(str(path), default_roles(task, n_roles), f"model {path}", threads)
-    raise FileNotFoundError(
-        f"{path}: neither a run directory (config.yaml) nor a model directory (config.json)"
-    )
-
-
-def _untrained_team(model: str, roles: list[Role], source: str, threads: int | None) -> EvalTeam:
-    """Every role on one model; a role with an adapter gets a fresh one (B = 0: the model itself)."""
-    from teamtr.engines.open import EngineSpec, open_engine
-    from teamtr.graphs.engine import DEFAULT_BASE
-
-    engine = open_engine(EngineSpec(bases={DEFAULT_BASE: model}, threads=threads)).engine
-    for r in roles:
-        if r.adapter:
-            engine.add_adapter(r.adapter)
-    return EvalTeam(engine, roles, source, {"base": model})
 
 
 def _parse_knobs(pairs: list[str]) -> list[dict]:
@@ -139,7 +69,9 @@ def eval_command(
     ] = None,
     task: Annotated[
         str | None,
-        typer.Option("--task", "-t", help="task family or benchmark name (a graph run: default its own tasks)"),
+        typer.Option(
+            "--task", "-t", help="task family or benchmark name (a graph run: default its own tasks)"
+        ),
     ] = None,
     verifier: Annotated[
         str | None,
@@ -214,7 +146,7 @@ def eval_command(
         for name in benchmark_names():
             console.print(f"[bold]{name}[/bold]  real benchmark file")
         return
-    from teamtr.cli.graph_eval import graph_run_config
+    from teamtr.evals.graph_eval import graph_run_config
 
     graph_run = graph_run_config(team_or_run_dir)
     temperature = default_temperature(temperature, k)
@@ -233,7 +165,10 @@ def eval_command(
     if responses is not None and baseline:
         raise typer.BadParameter("--baseline needs a model to sample from, not --responses")
     if baseline and k == 1:  # the single model gets the tokens of k team episodes: k = 1 is best-of-~1
-        raise typer.BadParameter("--baseline best-of-n compares at the tokens of k team episodes: give -k (e.g. -k 8)", param_hint="-k")
+        raise typer.BadParameter(
+            "--baseline best-of-n compares at the tokens of k team episodes: give -k (e.g. -k 8)",
+            param_hint="-k",
+        )
 
     if task is not None and task not in task_names() + benchmark_names():
         known = ", ".join(task_names() + benchmark_names())
@@ -243,9 +178,13 @@ def eval_command(
         from teamtr.cli.graph_eval import evaluate_graph_run
 
         if task is None and difficulty:
-            raise typer.BadParameter("difficulty knobs need --task FAMILY (a graph run's own tasks have none)")
+            raise typer.BadParameter(
+                "difficulty knobs need --task FAMILY (a graph run's own tasks have none)"
+            )
 
-        family, instances = (None, None) if task is None else _instances(task, limit, seed, knobs, benchmarks_dir)
+        family, instances = (
+            (None, None) if task is None else _instances(task, limit, seed, knobs, benchmarks_dir)
+        )
         evaluate_graph_run(
             Path(team_or_run_dir),
             family=family,
@@ -268,14 +207,16 @@ def eval_command(
         return
     team = None
     if team_or_run_dir is not None:  # check the team before spending time on instances
+        from teamtr.evals.teams import load_eval_team
+
         try:
             team = load_eval_team(team_or_run_dir, task, roles, threads, stage)
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="TEAM_OR_RUN_DIR") from e
     family, instances = _instances(task, limit, seed, knobs, benchmarks_dir)
-    from teamtr.tasks.roles import MAX_NEW_TOKENS  # per-family message budget
+    from teamtr.tasks.roles import max_new_tokens_for  # per-family message budget
 
-    max_new_tokens = max_new_tokens or MAX_NEW_TOKENS.get(task, 32)
+    max_new_tokens = max_new_tokens or max_new_tokens_for(task)
     show_progress = not as_json
     runners = None
     if team is None:

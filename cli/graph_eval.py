@@ -1,25 +1,10 @@
-"""`teamtr eval RUN_DIR` for a run that trains its own LangGraph graph (team.graph, docs/graphs.md).
-
-The run's graph is evaluated as it was trained and is served (training/run_dir.py `build_team`), twice on
-the same instances with the same episode seeds: with its v0 adapters (the start) and with its newest ones
-(or those after `--stage`), so the change is paired per instance (evals/compare.py).
-
-What scores an episode, first that applies:
-  --verifier module:attr   an object with `verify(task, response)` (a TaskFamily), or a function
-                           `(task, response) -> float`, on the graph's answer (team.output);
-  --task FAMILY            that task family's instances and its verifier on the answer;
-  the run's team.reward    `(task, final state) -> float`, on the run's own tasks (task.data or task.name);
-  neither                  the run's task family's verifier on the answer (task.data: an exact match).
-
-The best-of-N baseline (one model, the run's base without adapters, N samples at the team's tokens) needs
-a verifier on the answer: a single model has no graph state for team.reward to read.
-"""
+"""`teamtr eval RUN_DIR` for a run that trains its own LangGraph graph (team.graph, docs/graphs.md): the
+evaluation is evals/graph_eval.py's (what scores an episode, the paired before / after); this module
+turns its errors into the command's and prints and writes what it found."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,94 +14,12 @@ from rich.console import Console
 from teamtr.graphs.task import TaskFamily, TaskInstance
 
 
-@dataclass
-class VerifierFamily:
-    """A task family whose verifier (and answer extraction, when it has one) is the `--verifier` object."""
-
-    base: TaskFamily
-    verifier: Any
-    spec: str
-
-    @property
-    def name(self) -> str:
-        return self.base.name
-
-    @property
-    def description(self) -> str:
-        return f"{self.base.description}, scored by {self.spec}"
-
-    def generate(self, n: int, seed: int, **difficulty: Any) -> list[TaskInstance]:
-        return self.base.generate(n, seed, **difficulty)
-
-    def extract_answer(self, response: str) -> str | None:
-        extract = getattr(self.verifier, "extract_answer", None) or self.base.extract_answer
-        return extract(response)
-
-    def verify(self, instance: TaskInstance, response: str) -> float:
-        verify = getattr(self.verifier, "verify", self.verifier)
-        try:
-            return float(verify(instance, response))
-        except Exception as e:
-            raise ValueError(f"--verifier {self.spec} failed on task {instance.id!r}: {type(e).__name__}: {e}") from e
-
-
-def load_verifier(spec: str, base: TaskFamily) -> VerifierFamily:
-    from teamtr.graphs.loading import load_object
-
-    obj = load_object(spec, "--verifier")
-    if not callable(getattr(obj, "verify", obj)):
-        raise typer.BadParameter(
-            f"{spec} is a {type(obj).__name__}: want an object with verify(task, response) or such a function",
-            param_hint="--verifier",
-        )
-    return VerifierFamily(base, obj, spec)
-
-
-def graph_run_config(source: str | None) -> Any | None:
-    """The TrainConfig of `source` when it is a run directory whose team is a user graph, else None
-    (read without the engine's imports: a wrong path still answers at once)."""
-    if source is None or not (Path(source) / "config.yaml").is_file():
-        return None
-    from teamtr.training.config_file import read_config
-
-    cfg = read_config(Path(source) / "config.yaml")
-    return cfg if cfg.team.graph is not None else None
-
-
-def run_instances(family: TaskFamily, limit: int, seed: int) -> list[TaskInstance]:
-    """`limit` of the run's own tasks; a fixed list (task.data) is drawn without repeats, at most whole."""
-    fixed = getattr(family, "tasks", None)
-    return family.generate(min(limit, len(fixed)) if fixed is not None else limit, seed)
-
-
-def held_out_tasks(run: Any, data: Path | None) -> tuple[TaskFamily, str]:
-    """The tasks a graph run is evaluated on when no --task is named, and where they come from: --data FILE,
-    else the run's task.eval_data, else its training tasks (said to be so: they are not held out)."""
-    from teamtr.graphs.user_graph import UserGraphError, data_family
-
-    if data is not None:
-        try:
-            return data_family(str(data), run.config.task.name, key="--data", whole=True), f"--data {data}"
-        except UserGraphError as e:
-            raise typer.BadParameter(str(e), param_hint="--data") from None
-    if run.config.task.eval_data is not None:
-        return run.eval_task(), f"task.eval_data {run.config.task.eval_data}"
-    return run.task(), "the run's training tasks (not held out: give --data FILE or task.eval_data)"
-
-
 def versions_text(labels: tuple[str, str], role_versions: dict[str, dict[str, int]]) -> str:
     """`v0 (planner v0, solver v0) vs newest (planner v3, solver v2)`."""
-    sides = [f"{label} ({', '.join(f'{r} v{v}' for r, v in role_versions[label].items())})" for label in labels]
-    return " vs ".join(sides)
-
-
-def _with_tokens(roles: list[Any], max_new_tokens: int | None) -> list[Any]:
-    if max_new_tokens is None:
-        return roles
-    return [
-        dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, max_new_tokens=max_new_tokens))
-        for r in roles
+    sides = [
+        f"{label} ({', '.join(f'{r} v{v}' for r, v in role_versions[label].items())})" for label in labels
     ]
+    return " vs ".join(sides)
 
 
 def evaluate_graph_run(
@@ -139,86 +42,48 @@ def evaluate_graph_run(
     out: Path | None,
     as_json: bool,
 ) -> dict[str, Any]:
-    """Before (v0) and after (newest, or `stage`) of a graph run on the same instances and seeds, with the
-    paired change, and the single-model best-of-N baseline when asked; printed and written to `out`."""
-    from teamtr.evals.compare import comparison_table, paired_change
-    from teamtr.evals.harness import best_of_n, evaluate
-    from teamtr.evals.report import plot_result, print_result
-    from teamtr.evals.runners import EngineRunners
-    from teamtr.training.run_dir import RunDir
+    """Before (v0) and after (newest, or `stage`) of a graph run (evals/graph_eval.py), printed and written
+    to `out` (default runs/eval/<run>); its result.json summary."""
+    from teamtr.evals.compare import comparison_table
+    from teamtr.evals.graph_eval import GraphEvalError
+    from teamtr.evals.graph_eval import evaluate_graph_run as evaluate
+    from teamtr.evals.report import print_result
 
-    run = RunDir(run_dir)
-    team_cfg = run.config.team
-    tasks_from = "--task"
-    if family is None:  # the run's own tasks: --data, else task.eval_data, else the training list
-        family, tasks_from = held_out_tasks(run, data)
-        instances = run_instances(family, limit, seed)
-        scored_by = f"team.reward {team_cfg.reward}" if team_cfg.reward else f"the {family.name} verifier"
-        rewarded = True
-    else:
-        scored_by = f"the {family.name} verifier"
-        rewarded = False
-    if verifier is not None:
-        family = load_verifier(verifier, family)
-        scored_by, rewarded = f"--verifier {verifier}", False
-    if baseline and rewarded and team_cfg.reward is not None:
-        raise typer.BadParameter(
-            f"the run's reward ({team_cfg.reward}) reads the graph's final state, which a single model does "
-            "not have: name a verifier of the answer (--verifier module:attr) or a task family (--task) to "
-            "compare with best-of-N",
-            param_hint="--baseline",
+    try:
+        evaluation = evaluate(
+            run_dir,
+            family=family,
+            instances=instances,
+            data=data,
+            verifier=verifier,
+            k=k,
+            limit=limit,
+            seed=seed,
+            baseline=baseline,
+            stage=stage,
+            single_turns=single_turns,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            threads=threads,
+            show_progress=not as_json,
         )
-    roles = _with_tokens(run.roles, max_new_tokens)
-    budget = max_new_tokens or max(r.sampling.max_new_tokens for r in roles)
-    show = not as_json
-    results = {}
-    baseline_result = None
-    labels = ("v0", "newest" if stage is None else f"stage {stage}")
-    compared = {labels[0]: run.stage_versions(0), labels[1]: run.stage_versions(stage)}
-    role_versions = {  # role -> the adapter version each side runs
-        label: {r.name: run.saved_adapters(v, roles)[r.adapter][0] for r in roles if r.adapter}
-        for label, v in compared.items()
-    }
-    for label, versions in compared.items():
-        engine = run.engine(version=versions, threads=threads)
-        team = run.team(roles, engine, temperature=temperature, name=run.path.resolve().name)
-        runners = EngineRunners(engine, roles, family, temperature=temperature, max_new_tokens=budget, seed=seed)
-        try:
-            results[label] = evaluate(family, instances, runners.graph(team, rewarded), k, batch_size, show, seed)
-            if baseline and label == labels[1]:  # the base model alone, at the newest team's tokens
-                single = runners.single(turns=single_turns)
-                baseline_result = best_of_n(family, instances, single, results[label], batch_size, show)
-        finally:
-            runners.close()
-        del engine, team, runners  # one engine at a time: the next stage's replaces it
-    before, after = results[labels[0]], results[labels[1]]
-    after.baseline = baseline_result
-    change = paired_change(before, after, seed)
-    summary = {
-        **after.as_dict(),
-        "run": str(run.path),
-        "scored_by": scored_by,
-        "tasks_from": tasks_from,
-        "temperature": temperature,
-        "after": labels[1],
-        "before": {"label": labels[0], **before.as_dict()},
-        "change": change,
-        "versions": {"before": role_versions[labels[0]], "after": role_versions[labels[1]]},
-    }
-    out_dir = out or Path("runs") / "eval" / run.path.resolve().name
-    after.save(out_dir)
-    (out_dir / "result.json").write_text(json.dumps(summary, indent=2))
-    before.save(out_dir / "before")
-    plots = plot_result(after, out_dir)
+    except GraphEvalError as e:
+        raise typer.BadParameter(str(e), param_hint=e.option) from None
+    out_dir = out or Path("runs") / "eval" / evaluation.run_path.resolve().name
+    plots = evaluation.save(out_dir)
+    summary = evaluation.summary()
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return summary
     console = Console()
-    console.print(f"{run.path}: graph {team_cfg.graph}, scored by {scored_by}, on {tasks_from}")
-    sampled = "greedy" if temperature == 0 else f"temperature {temperature:g}"
-    console.print(f"{sampled}; compared: {versions_text(labels, role_versions)}")
-    print_result(after, console)
-    console.print(comparison_table(before, after, change, labels))
+    console.print(
+        f"{evaluation.run_path}: graph {evaluation.graph}, scored by {evaluation.scored_by}, on {evaluation.tasks_from}"
+    )
+    sampled = "greedy" if evaluation.temperature == 0 else f"temperature {evaluation.temperature:g}"
+    console.print(f"{sampled}; compared: {versions_text(evaluation.labels, evaluation.role_versions)}")
+    print_result(evaluation.after, console)
+    console.print(comparison_table(evaluation.before, evaluation.after, evaluation.change, evaluation.labels))
     console.print(
         f"wrote {out_dir / 'result.json'}, {out_dir / 'episodes.jsonl'}, {out_dir / 'before'}/, "
         f"{', '.join(p.name for p in plots)}"

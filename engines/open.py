@@ -10,11 +10,15 @@ improve (gate included), eval, swap, demo and the benchmarks.
 by `url`), or several replicas behind a `VLLMReplicaEngine` (`urls`, `replicas`, tensor / pipeline
 parallel sizes). Every vLLM launch goes through `vllm_server_config`, so the server's LoRA rank, slots,
 dtype, arguments and environment are decided in one place.
+
+The engine kinds are registered once, in `ENGINE_KINDS` (a kind's name -> how a spec of it is opened);
+`EngineKind`, the type of `EngineSpec.kind`, a run's `rollout.engine` and `teamtr serve`'s engine, is
+drawn from it. A new engine is its module, an opener and one entry there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -88,7 +92,7 @@ class EngineSpec:
     """Which engine, on which base models, holding what (every field has a default but `bases`)."""
 
     bases: Mapping[str, str]  # base name -> model reference (folder, hub id or GGUF file)
-    kind: Literal["embedded", "vllm"] = "embedded"
+    kind: EngineKind = "embedded"  # a name in ENGINE_KINDS
     device: str = "auto"  # embedded: auto | cpu | cuda | cuda:K (engines/devices.py)
     dtype: str = "auto"  # auto: bfloat16 on a GPU, else float32; vLLM's auto is the embedded rule's answer
     threads: int | None = None  # embedded: torch threads
@@ -146,22 +150,25 @@ def open_engine(spec: EngineSpec) -> OpenedEngine:
     """The engine `spec` describes; EngineSpecError for a spec that cannot work."""
     if not spec.bases:
         raise EngineSpecError("an engine needs at least one base model")
-    if spec.kind == "embedded":
-        from teamtr.engines.embedded import EmbeddedEngine
+    opener = ENGINE_KINDS.get(spec.kind)
+    if opener is None:
+        raise EngineSpecError(f"unknown engine kind {spec.kind!r}; known: {', '.join(ENGINE_KINDS)}")
+    return opener(spec)
 
-        return OpenedEngine(
-            EmbeddedEngine(
-                dict(spec.bases),
-                lora=spec.lora,
-                threads=spec.threads,
-                device=spec.device,
-                dtype=spec.dtype,
-                decode_in_thread=spec.decode_in_thread,
-            )
+
+def _open_embedded(spec: EngineSpec) -> OpenedEngine:
+    from teamtr.engines.embedded import EmbeddedEngine
+
+    return OpenedEngine(
+        EmbeddedEngine(
+            dict(spec.bases),
+            lora=spec.lora,
+            threads=spec.threads,
+            device=spec.device,
+            dtype=spec.dtype,
+            decode_in_thread=spec.decode_in_thread,
         )
-    if spec.kind != "vllm":
-        raise EngineSpecError(f"unknown engine kind {spec.kind!r}; known: embedded, vllm")
-    return _open_vllm(spec)
+    )
 
 
 def _open_vllm(spec: EngineSpec) -> OpenedEngine:
@@ -201,3 +208,13 @@ def _open_vllm(spec: EngineSpec) -> OpenedEngine:
             server.stop()
         raise
     return OpenedEngine(VLLMEngine(servers), list(servers.values()))
+
+
+# Every engine kind, registered once: its name -> how an EngineSpec of that kind is opened
+# (`embedded`: transformers + peft in this process; `vllm`: vLLM servers, launched or attached).
+ENGINE_KINDS: dict[str, Callable[[EngineSpec], OpenedEngine]] = {
+    "embedded": _open_embedded,
+    "vllm": _open_vllm,
+}
+# The kinds as a type, for the configs that name one (pydantic validates a value against it).
+EngineKind = Literal[tuple(ENGINE_KINDS)]  # type: ignore[valid-type]

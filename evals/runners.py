@@ -1,7 +1,7 @@
 """Runners that answer task instances with a real team or one model (a LangGraph team on any engine).
 
 Engine-free: this module builds no engine and reads no run. `EngineRunners` takes an engine that
-implements graphs/engine.py's `Engine` and the roles to run on it; cli/eval.py `load_eval_team` builds
+implements graphs/engine.py's `Engine` and the roles to run on it; evals/teams.py `load_eval_team` builds
 both from `warm`, a model directory or a run directory (training/run_dir.py `RunDir`).
 
 Roles: the run's roles, else the chain demo's adders for `chain`, else generic solvers with a short
@@ -22,7 +22,7 @@ from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.graphs.roles import Role
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.team import RoundRobin, Team, derive_seed
-from teamtr.tasks.roles import MESSAGE_END, SYSTEM_PROMPTS, with_private_view
+from teamtr.tasks.roles import MESSAGE_END, system_prompt_for, with_private_view
 
 
 class EngineRunners:
@@ -123,7 +123,7 @@ class EngineRunners:
             sampling = replace(self.sampling, stop=(MESSAGE_END,))
         solo = Role(
             name="single",
-            system_prompt=SYSTEM_PROMPTS.get(self.family.name, "Solve the task."),
+            system_prompt=system_prompt_for(self.family.name),
             adapter=adapter,
             sampling=sampling,
         )

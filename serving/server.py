@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from teamtr.engines.models import local_or_reference, resolve_model
-from teamtr.engines.open import EngineSpec, VLLMSettings, open_engine
+from teamtr.engines.open import EngineKind, EngineSpec, VLLMSettings, open_engine
 from teamtr.graphs.engine import DEFAULT_BASE, Closable
 from teamtr.graphs.roles import Role, with_temperature
 from teamtr.graphs.run_layout import DEFAULT_RUN_DIR, RunDirError, RunFiles
@@ -100,7 +100,7 @@ class ServeConfig(VLLMSettings, ApiLimits):
     model: str | None = None  # base model directory; None: the cached warm-started demo model
     bases: dict[str, str] = Field(default_factory=dict)  # more base models (name -> directory) beside "base"
     teams: dict[str, ServedTeamConfig]
-    engine: Literal["embedded", "vllm"] = "embedded"
+    engine: EngineKind = "embedded"
     # vllm_url (attach to this server instead of launching one), vllm_urls, vllm_replicas, ...: VLLMSettings
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

@@ -1,4 +1,9 @@
-"""Task families. `get_task(name)` returns one; `TASKS` lists the names."""
+"""Task families. `get_task(name)` returns one; `task_names()` lists the names.
+
+A family is one module, tasks/<family>.py: its class generates and verifies instances and declares its
+default team's system prompt, message budget and warm-start settings (tasks/family_settings.py). Adding a
+family is that module and one line in `_BUILT_IN` below.
+"""
 
 from __future__ import annotations
 
@@ -13,17 +18,19 @@ from teamtr.tasks.relay import BlindRelay
 from teamtr.tasks.split import Split
 from teamtr.tasks.zebra import Zebra
 
-_FAMILIES: dict[str, type] = {
-    ChainArithmetic.name: ChainArithmetic,
-    ConventionChain.name: ConventionChain,
-    Countdown.name: Countdown,
-    Zebra.name: Zebra,
-    Autologi.name: Autologi,
-    Blocksworld.name: Blocksworld,
-    Arbench.name: Arbench,
-    Split.name: Split,
-    BlindRelay.name: BlindRelay,
-}
+_BUILT_IN: tuple[type, ...] = (
+    ChainArithmetic,
+    ConventionChain,
+    Countdown,
+    Zebra,
+    Autologi,
+    Blocksworld,
+    Arbench,
+    Split,
+    BlindRelay,
+)
+# the registry: family name -> its class
+_FAMILIES: dict[str, type] = {cls.name: cls for cls in _BUILT_IN}
 
 
 def register(cls: type) -> type:
@@ -34,6 +41,12 @@ def register(cls: type) -> type:
 
 def task_names() -> list[str]:
     return sorted(_FAMILIES)
+
+
+def family_class(name: str) -> type | None:
+    """The class registered as `name` (its declarations, without building one); None for other names (a
+    real benchmark's, a run's own task list)."""
+    return _FAMILIES.get(name)
 
 
 def get_task(name: str, **options) -> TaskFamily:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Arbench(KnobbedFamily[ArbenchDifficulty]):
     name = "arbench"
     description = "guess a hidden code from bulls-and-cows feedback (AR-Bench GN style; optional oracle)"
     knobs_type = ArbenchDifficulty
+    system_prompt = "Find the code."
+    warm_start = WarmStart(dict(max_steps=1600))  # reaches its band within it
 
     def generate(self, n: int, seed: int, **difficulty) -> list[TaskInstance]:
         knobs = self.knobs(difficulty)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 _ASSIGNMENT = re.compile(r"([A-Z])\s*=\s*(\d+)")
 
@@ -91,6 +92,9 @@ class Autologi(KnobbedFamily[AutologiDifficulty]):
     name = "autologi"
     description = "arrange items under constraints; any arrangement meeting all of them is correct"
     knobs_type = AutologiDifficulty
+    system_prompt = "Place the items."
+    # as zebra: a band above the level of a guess (not learnt within this budget)
+    warm_start = WarmStart(dict(max_steps=1000, stop_accuracy=0.5, band=(0.4, 0.75)))
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         knobs = self.knobs(difficulty)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 DOMAIN_PDDL = """
 (define (domain blocksworld-4ops)
@@ -141,6 +142,19 @@ class Blocksworld(KnobbedFamily[BlocksworldDifficulty]):
     name = "blocksworld"
     description = "Blocksworld plan generation (PlanBench style), plans validated with pyperplan"
     knobs_type = BlocksworldDifficulty
+    system_prompt = "Write a plan."
+    max_new_tokens = 96  # a 3-block plan is up to ~70 characters
+    # plans written by every role: long sequences, slow steps and evaluations (not learnt within this budget)
+    warm_start = WarmStart(
+        dict(
+            max_steps=800,
+            batch_size=8,
+            eval_every=80,
+            eval_tasks=64,
+            final_eval_tasks=128,
+            sampled_eval_tasks=48,
+        )
+    )
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         knobs = self.knobs(difficulty)

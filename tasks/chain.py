@@ -13,6 +13,7 @@ import random
 import re
 
 from teamtr.graphs.task import TaskInstance
+from teamtr.tasks.family_settings import WarmStart
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -20,6 +21,11 @@ _INTEGER = re.compile(r"-?\d+")
 class ChainArithmetic:
     name = "chain"
     description = "running sum over n+1 operands, one addition per role (demo task)"
+    system_prompt = "Add the first two numbers."
+    # the chain demo's model is WarmStartConfig's defaults; its step budget grows beyond 4 roles (the team-size
+    # study, docs/study.md: team accuracy is the product of every role's on messages that lengthen with the
+    # team). The sizes within the measured ones keep their budget, hence their cached models
+    warm_start = WarmStart(scaled_budget=(4, 300))
 
     def __init__(self, steps: int = 3, max_operand: int = 9) -> None:
         if steps < 1:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 _FINAL = re.compile(r"\d+(?:,\d+)*")
 
@@ -60,6 +61,10 @@ class ConventionChain(KnobbedFamily[ConventionDifficulty]):
     name = "convention"
     description = "running sums kept in the notation the first role chose (digits or reversed digits)"
     knobs_type = ConventionDifficulty
+    system_prompt = "Continue the sums."
+    # the chain's sums, each role copying the earlier ones in the first role's notation: chain's defaults;
+    # beyond 3 roles the budget grows (convention at 4 roles ran out of 600 steps at 0%)
+    warm_start = WarmStart(scaled_budget=(3, 700))
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         knobs = self.knobs(difficulty)

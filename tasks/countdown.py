@@ -19,6 +19,7 @@ from fractions import Fraction
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line, seeded_rng
+from teamtr.tasks.family_settings import WarmStart
 
 _EXPRESSION = re.compile(r"[\d+\-*/() ]+")
 _BINARY_OPS = {
@@ -70,6 +71,8 @@ class Countdown(KnobbedFamily[CountdownDifficulty]):
     name = "countdown"
     description = "combine all given numbers once each with + - * / to reach the target (reasoning-gym)"
     knobs_type = CountdownDifficulty
+    system_prompt = "Write an expression."
+    warm_start = WarmStart(dict(max_steps=1200))  # reaches its band within it
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         from reasoning_gym.games.countdown import CountdownConfig, CountdownDataset

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 ROUNDS = 2  # the later roles' rounds
 _DIGIT = re.compile(r"\d")
@@ -67,6 +68,12 @@ class BlindRelay(KnobbedFamily[RelayDifficulty]):
     name = "relay"
     description = "pass on a value only the first role sees (hidden coupling; legibility knob)"
     knobs_type = RelayDifficulty
+    system_prompt = "Pass on the value."
+    # the demonstrations are drawn with slips and corrections, so greedy decoding (the argmax) is right nearly
+    # always once the model copies (100% at step 40, when T = 1 was 15%): train a fixed number of steps (one
+    # evaluation, at the end) so that the sampled mixture is learnt; the T = 1 team accuracy is the figure the
+    # study needs in 40-60% (benchmarks/relay_study.py's warm cell)
+    warm_start = WarmStart(dict(max_steps=600, eval_every=600, stop_accuracy=1.0, band=(0.0, 1.0)))
 
     def generate(self, n: int, seed: int, **difficulty: float) -> list[TaskInstance]:
         knobs = self.knobs(difficulty)

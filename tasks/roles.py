@@ -1,6 +1,7 @@
 """The team a task family is warm-started, evaluated and served with when no roles are given: the chain
-demo's adders for `chain`, else generic solvers with the family's short system prompt and message budget
-(`default_roles`); a split-information family's private view of a role (`with_private_view`)."""
+demo's adders for `chain`, else generic solvers with the system prompt and message budget the family declares
+in its module (`default_roles`; tasks/family_settings.py); a split-information family's private view of a role
+(`with_private_view`)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,20 @@ from teamtr.graphs.chain_team import chain_roles
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role, with_view
 from teamtr.graphs.task import TaskFamily, TaskInstance
+from teamtr.tasks import family_class
+from teamtr.tasks.family_settings import max_new_tokens_of, system_prompt_of
 
-# Short system prompts: the small models read one character per token.
-SYSTEM_PROMPTS = {
-    "chain": "Add the first two numbers.",
-    "countdown": "Write an expression.",
-    "zebra": "Solve the grid.",
-    "autologi": "Place the items.",
-    "blocksworld": "Write a plan.",
-    "arbench": "Find the code.",
-    "split": "Look up the symbol.",
-    "convention": "Continue the sums.",
-    "relay": "Pass on the value.",
-}
 MESSAGE_END = "\n"  # the small character models end a message with a newline
 
 
-# Longest message a family's answer needs, in characters (= tokens of the small models); default 32:
-# a 3-block plan is up to ~70 characters.
-MAX_NEW_TOKENS = {"blocksworld": 96}
+def system_prompt_for(task: str) -> str:
+    """The system prompt of task `task`'s generic roles: its family's (a default for other names)."""
+    return system_prompt_of(family_class(task))
+
+
+def max_new_tokens_for(task: str) -> int:
+    """The longest message a role of task `task` writes: its family's budget (a default for other names)."""
+    return max_new_tokens_of(family_class(task))
 
 
 def default_roles(
@@ -42,8 +38,8 @@ def default_roles(
         return chain_roles(int((options or {}).get("steps", 3)))
     if n_roles is None:
         n_roles = int((options or {}).get("steps", 3))
-    prompt = SYSTEM_PROMPTS.get(task, "Solve the task.")
-    sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS.get(task, 32), stop=(MESSAGE_END,))
+    prompt = system_prompt_for(task)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens_for(task), stop=(MESSAGE_END,))
     return [
         Role(
             name=f"solver{i}",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 _FINAL_LINE = re.compile(r"(?:[a-z]\d+>)?([a-z]\d+)")
 
@@ -49,6 +50,10 @@ class Split(KnobbedFamily[SplitDifficulty]):
     name = "split"
     description = "pointer chase through per-role private tables (split information; coordination)"
     knobs_type = SplitDifficulty
+    system_prompt = "Look up the symbol."
+    # a guess is right 1/4 of the time; each role's context is its own (its private table), so nothing is
+    # packed: smaller batches, more steps (not learnt within this budget)
+    warm_start = WarmStart(dict(max_steps=1000, batch_size=8, stop_accuracy=0.45, band=(0.35, 0.75)))
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         knobs = self.knobs(difficulty)

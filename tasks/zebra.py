@@ -24,6 +24,7 @@ from typing import Any
 from teamtr.graphs.task import TaskInstance
 from teamtr.tasks._knobs import KnobbedFamily
 from teamtr.tasks._text import last_line
+from teamtr.tasks.family_settings import WarmStart
 
 # reasoning-gym clue class -> (compact operator, arity kind)
 _CLUE_SYMBOLS = {
@@ -76,6 +77,12 @@ class Zebra(KnobbedFamily[ZebraDifficulty]):
     name = "zebra"
     description = "logic grid puzzle with a unique solution (reasoning-gym generator, compact clues)"
     knobs_type = ZebraDifficulty
+    system_prompt = "Solve the grid."
+    # a well-formed guess is right about 1/3 of the time (one of 3 values; 1-2 of 6 arrangements): stop well
+    # above that, where the model has learnt something (it does not learn the task within this budget)
+    warm_start = WarmStart(
+        dict(max_steps=800, batch_size=8, eval_every=60, stop_accuracy=0.5, band=(0.4, 0.75))
+    )
 
     def generate(self, n: int, seed: int, **difficulty: int) -> list[TaskInstance]:
         from reasoning_gym.logic.contrib.logic_puzzle.generate import generate_puzzle

@@ -80,8 +80,8 @@ def test_tiny_team_run_with_best_of_n_baseline(tiny_model_dir, tmp_path):
 
 
 def test_split_roles_each_see_only_their_own_table(tiny_model_dir):
-    from teamtr.cli.eval import load_eval_team
     from teamtr.evals.runners import EngineRunners
+    from teamtr.evals.teams import load_eval_team
 
     family = get_task("split")
     inst = family.generate(1, 0, hops=2)[0]
@@ -116,8 +116,8 @@ def test_bad_input_gets_clear_errors(tmp_path):
 
 
 def test_a_run_directory_loads_the_newest_adapter_of_each_role(tiny_model_dir, tmp_path):
-    from teamtr.cli.eval import load_eval_team
     from teamtr.engines.embedded import EmbeddedEngine
+    from teamtr.evals.teams import load_eval_team
     from teamtr.graphs.run_layout import adapter_dir
     from teamtr.training.config import TrainConfig
 

@@ -17,8 +17,8 @@ import trainer_fixtures
 from serving_fixtures import serve_in_background
 from test_training_trainer import small_config, tiny_model, train  # noqa: F401  (registers the test task)
 
-from teamtr.cli.eval import load_eval_team
 from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.evals.teams import load_eval_team
 from teamtr.graphs.spec import SpecError, build_team
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.serving.server import ServeConfig, ServedTeamConfig, served_team

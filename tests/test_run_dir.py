@@ -83,8 +83,8 @@ def test_adapters_are_saved_and_read_under_the_adapters_name(renamed_run):
 def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
     from serving_fixtures import serve_in_background
 
-    from teamtr.cli.eval import load_eval_team
     from teamtr.cli.serve import app as cli_app
+    from teamtr.evals.teams import load_eval_team
     from teamtr.serving.server import ServeConfig
 
     team = load_eval_team(str(renamed_run.path), "chain")
@@ -119,7 +119,7 @@ def test_a_run_is_served_and_evaluated_at_an_earlier_stage(renamed_run):
     the last); a stage the run never reached is refused with the run's range."""
     from serving_fixtures import serve_in_background
 
-    from teamtr.cli.eval import load_eval_team
+    from teamtr.evals.teams import load_eval_team
     from teamtr.graphs.run_layout import versions_after_stage
     from teamtr.serving.server import ServeConfig
 

@@ -127,7 +127,7 @@ def test_heterogeneous_team_trains_an_update_for_each_role_on_its_own_base(model
         q_a = next(v for k, v in weights.items() if "q_proj.lora_A" in k)
         assert q_a.shape[1] == hidden
     # `teamtr eval` on this run dir puts each role's newest adapter on the role's own base
-    from teamtr.cli.eval import load_eval_team
+    from teamtr.evals.teams import load_eval_team
 
     engine = load_eval_team(str(cfg.run_dir), TASK).engine
     assert engine.adapters("big") == ["adder2"] and engine.adapters() == ["adder1"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from teamtr.cli.eval import load_eval_team
+from teamtr.evals.teams import load_eval_team
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.graphs.spec import team_roles
 from teamtr.tasks.roles import default_roles

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
-from teamtr.cli.eval import load_eval_team
+from teamtr.evals.teams import load_eval_team
 from teamtr.graphs.chat_format import render_prompt_ids
 from teamtr.graphs.roles import role_messages
 from teamtr.tasks import get_task, task_names
-from teamtr.tasks.roles import SYSTEM_PROMPTS, default_roles, with_private_view
+from teamtr.tasks.roles import default_roles, with_private_view
 from teamtr.training.tiny_models import MESSAGE_END, build_char_tokenizer
 from teamtr.training.warmstart import (
     FAMILY_SETTINGS,
@@ -60,7 +60,7 @@ def test_every_family_has_a_warm_start_config():
         cfg = warm_config_for(name)
         family, team = warm_team(cfg)
         assert cfg.task == name and family.name == name
-        assert [r.system_prompt for r in team.roles] == [SYSTEM_PROMPTS[name]] * cfg.steps
+        assert [r.system_prompt for r in team.roles] == [family.system_prompt] * cfg.steps
         assert [r.name for r in team.roles] == [r.name for r in default_roles(name, cfg.steps)]
 
 

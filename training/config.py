@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from teamtr.engines.open import VLLMSettings
+from teamtr.engines.open import EngineKind, VLLMSettings
 from teamtr.graphs.run_layout import DEFAULT_RUN_DIR
 from teamtr.graphs.spec import TaskConfig, TeamConfig
 from teamtr.training.stage import ScheduleConfig
@@ -35,9 +35,10 @@ class RolloutConfig(VLLMSettings, _Strict):
     # sampling temperature of the rollouts: the trainer trains pi_T = softmax(logits / T) at this T (its
     # log pi_cur / pi_new are computed at T); turns sampled otherwise are refused (training/behaviour.py)
     temperature: float = Field(1.0, gt=0)
-    # who samples the rollouts: the trainer's embedded engine, or a vLLM server (training/vllm_rollouts.py)
-    # to which each accepted adapter version is pushed; the update's log-probs are the trainer's either way
-    engine: Literal["embedded", "vllm"] = "embedded"
+    # who samples the rollouts (a kind of engines/open.py ENGINE_KINDS): the trainer's embedded engine, or a
+    # vLLM server (training/vllm_rollouts.py) to which each accepted adapter version is pushed; the update's
+    # log-probs are the trainer's either way
+    engine: EngineKind = "embedded"
     # balance each stage's B prompts over the task's strata when it declares them (graphs/task.py
     # `balanced_prompts`: relay's private value), so a batch covers the contexts later turns depend on;
     # False: B independent draws (as before 2026-12)
@@ -49,7 +50,7 @@ class LossConfig(_Strict):
     """The surrogate and the advantage estimator.
 
     message_ratio  message-level ratio exp(sum_u log pi_new/pi_cur), mean over messages (docs/training.md
-            eq. 10): TeamTR's surrogate (called `teamtr` before; that name is still read, as old runs wrote it)
+            eq. 10): TeamTR's surrogate
     ppo_batch_baseline  per-token ratio, token mean per message, batch-normalised advantages (no groups):
             PPO's clipped surrogate with the batch mean as baseline, no value function (hence the name)
     grpo    per-token ratio, token mean per message, group-normalised advantages
@@ -83,18 +84,6 @@ class LossConfig(_Strict):
     dynamic_sampling: bool | None = None
     # the fields above left None and filled from `kind`: with_overrides re-derives them for a new kind
     _derived: frozenset[str] = PrivateAttr(default=frozenset())
-
-    @field_validator("kind", mode="before")
-    @classmethod
-    def _renamed(cls, v: Any) -> Any:
-        if v == "teamtr":  # the old name: "teamtr" is the schedule (schedule.kind), not a loss
-            return "message_ratio"
-        if v == "ppo":
-            raise ValueError(
-                "loss.kind 'ppo' is now 'ppo_batch_baseline': it has no value function (the batch mean is "
-                "its baseline), so it is not PPO with GAE"
-            )
-        return v
 
     @model_validator(mode="after")
     def _variant_defaults(self) -> LossConfig:
@@ -233,14 +222,6 @@ class TrustRegionConfig(_Strict):
                 "trust_region.check 'probe' and the region enabled"
             )
         return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, v: Any) -> Any:
-        # the old name, still read from old runs' configs: "monitor" is the enforced step (eq. 11)
-        if isinstance(v, dict) and "monitor_episodes" in v and "heldout_episodes" not in v:
-            v = {("heldout_episodes" if k == "monitor_episodes" else k): x for k, x in v.items()}
-        return v
 
 
 class CertificateConfig(_Strict):

@@ -21,7 +21,7 @@ import sys
 import textwrap
 import tokenize
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -66,12 +66,22 @@ def _class_notes(cls: type) -> dict[str, tuple[str, str]]:
     return notes
 
 
+def _spelt_out(annotation: str, cls: type) -> str:
+    """An annotation that names a Literal alias of `cls`'s module (`EngineKind`) with its values after it
+    (`EngineKind: Literal['embedded', 'vllm']`), so that the reference shows what the key accepts."""
+    alias = getattr(sys.modules.get(cls.__module__), annotation, None)
+    return f"{annotation}: {alias}".replace("typing.", "") if get_origin(alias) is Literal else annotation
+
+
 def _notes(cls: type) -> dict[str, tuple[str, str]]:
     """`_class_notes` over `cls` and the classes it inherits fields from (the nearest definition wins)."""
     out: dict[str, tuple[str, str]] = {}
     for base in reversed(cls.__mro__):
         if base.__module__.startswith("teamtr."):
-            out.update(_class_notes(base))
+            notes = _class_notes(base)
+            out.update(
+                {name: (_spelt_out(annotation, base), what) for name, (annotation, what) in notes.items()}
+            )
     return out
 
 

@@ -1,4 +1,5 @@
-"""How a warm-started model is built: `WarmStartConfig`, each family's settings, and the cache key."""
+"""How a warm-started model is built: `WarmStartConfig`, each family's settings (declared in its module,
+tasks/<family>.py), and the cache key."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from teamtr.tasks import get_task, task_names
+from teamtr.tasks import family_class, get_task, task_names
+from teamtr.tasks.family_settings import WarmStart, warm_start_of
 
 # Bump when the build procedure changes its result in a way the config does not show, so that models
 # cached by the old procedure are not reused as if the new one had built them.
@@ -24,8 +26,8 @@ class WarmStartConfig:
     Everything that decides the result is in here and nothing else is: the build pins its torch thread
     count to `threads`, uses deterministic kernels, and stops only on step counts and held-out accuracy,
     never on wall time, so one config gives the same weights on one machine. Not across machines: another
-CPU code path rounds differently, and the build grows that into other weights, which is why the demo's
-model is shipped (shipped.py; docs/evals.md, "Across machines: the shipped demo model").
+    CPU code path rounds differently, and the build grows that into other weights, which is why the demo's
+    model is shipped (shipped.py; docs/evals.md, "Across machines: the shipped demo model").
     Measured builds: docs/evals.md, "Headroom".
     """
 
@@ -67,8 +69,8 @@ model is shipped (shipped.py; docs/evals.md, "Across machines: the shipped demo 
     # torch intra-op threads inside the build. Part of the result: reductions split over another number
     # of threads add in another order, so a different count is a different (cached) model.
     threads: int = 1
-    # Accepted only as False, for callers that still pass it (cli/eval.py): choosing threads from the
-    # machine's load made the model depend on the machine, which is why it went.
+    # Accepted only as False, as shipped and cached builds record it (warmstart.json): choosing threads
+    # from the machine's load made the model depend on the machine, which is why it went.
     adapt_threads: bool = False
 
     def __post_init__(self) -> None:
@@ -117,60 +119,44 @@ model is shipped (shipped.py; docs/evals.md, "Across machines: the shipped demo 
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-# Each family's warm-start settings: the family's own default difficulty, and what differs from
-# WarmStartConfig's defaults for that family (step budget, batch, a band above the level of a guess).
-# The step budgets are about what each family's earlier few-minute builds reached on one thread
-# (docs/evals.md, "Headroom"). countdown and arbench reach their band; zebra, autologi, blocksworld and
-# split do not learn their task within these budgets (the best evaluated checkpoint is kept).
+def declared_warm_start(task: str) -> WarmStart | None:
+    """The warm-start settings `task`'s family declares in its module (tasks/<family>.py `warm_start`);
+    None for names without a warm start of their own (real benchmarks)."""
+    return warm_start_of(family_class(task))
+
+
+# Each family's warm-start settings as its module declares them (tasks/<family>.py `warm_start`): what
+# differs from WarmStartConfig's defaults for that family (step budget, batch, a band above the level of a
+# guess). The step budgets are about what each family's earlier few-minute builds reached on one thread
+# (docs/evals.md, "Headroom"). chain's model is the defaults themselves, so it has no entry.
 FAMILY_SETTINGS: dict[str, dict] = {
-    "countdown": dict(max_steps=1200),
-    # a well-formed guess is right about 1/3 of the time (one of 3 values; 1-2 of 6 arrangements):
-    # stop well above that, where the model has learnt something
-    "zebra": dict(max_steps=800, batch_size=8, eval_every=60, stop_accuracy=0.5, band=(0.4, 0.75)),
-    "autologi": dict(max_steps=1000, stop_accuracy=0.5, band=(0.4, 0.75)),
-    # plans of up to ~70 characters, written by every role: long sequences, slow steps and evaluations
-    "blocksworld": dict(
-        max_steps=800, batch_size=8, eval_every=80, eval_tasks=64, final_eval_tasks=128, sampled_eval_tasks=48
-    ),
-    "arbench": dict(max_steps=1600),
-    # a guess is right 1/4 of the time; each role's context is its own (its private table), so
-    # nothing is packed: smaller batches, more steps
-    "split": dict(max_steps=1000, batch_size=8, stop_accuracy=0.45, band=(0.35, 0.75)),
-    # the chain's sums, each role copying the earlier ones in the first role's notation: chain's defaults
-    "convention": {},
-    # relay: the demonstrations are drawn with slips and corrections, so greedy decoding (the argmax)
-    # is right nearly always once the model copies (100% at step 40, when T = 1 was 15%): train a fixed
-    # number of steps (one evaluation, at the end) so that the sampled mixture is learnt; the T = 1 team
-    # accuracy is the figure the study needs in 40-60% (benchmarks/relay_study.py's warm cell)
-    "relay": dict(max_steps=600, eval_every=600, stop_accuracy=1.0, band=(0.0, 1.0)),
+    name: dict(declared.changes)
+    for name in task_names()
+    if name != WarmStartConfig.task and (declared := declared_warm_start(name)) is not None
 }
 
 
-# Step budgets that grow with the team, for the families built at several team sizes (the team-size
-# study, docs/study.md): family -> (the most roles the fixed budget was measured to reach the band with,
-# a step count). k roles beyond those get 1 + 2 + ... + k times that step count more: team accuracy is
-# the product of every role's accuracy on messages that lengthen with the team, so a bigger team can
-# need many more steps (not always: docs/study.md, "Results", has the measured builds). The build stops at
-# the band, so a budget larger than needed costs nothing; the sizes within the measured ones keep their
-# budget, hence their cached models.
-ROLE_SCALED_BUDGET: dict[str, tuple[int, int]] = {"chain": (4, 300), "convention": (3, 700)}
-
-
 def max_steps_for(task: str, steps: int, base: int) -> int:
-    """The step budget of a `steps`-role team of `task` whose budget at the measured sizes is `base`."""
-    measured, per_role = ROLE_SCALED_BUDGET.get(task, (steps, 0))
+    """The step budget of a `steps`-role team of `task` whose budget at the measured sizes is `base`: for a
+    family that declares a `scaled_budget` (measured roles, steps per role), k roles beyond the measured
+    ones get 1 + 2 + ... + k times its steps more (team accuracy is the product of every role's accuracy on
+    messages that lengthen with the team, so a bigger team can need many more steps; the build stops at the
+    band, so a budget larger than needed costs nothing)."""
+    declared = declared_warm_start(task)
+    scaled = declared.scaled_budget if declared is not None else None
+    measured, per_role = scaled if scaled is not None else (steps, 0)
     extra = max(0, steps - measured)
     return base + per_role * extra * (extra + 1) // 2
 
 
 def warm_config_for(task: str, **overrides) -> WarmStartConfig:
-    """The warm-start config of a task family: `WarmStartConfig()` itself for `chain`
-    and for names without a warm start (real benchmarks); else FAMILY_SETTINGS. For the families of
-    ROLE_SCALED_BUDGET the step budget grows with `steps` unless `max_steps` is given."""
-    settings = (
-        {} if task == "chain" or task not in FAMILY_SETTINGS else {"task": task, **FAMILY_SETTINGS[task]}
-    )
-    if "max_steps" not in overrides and task in ROLE_SCALED_BUDGET:
+    """The warm-start config of a task family: WarmStartConfig's defaults changed as the family declares
+    (tasks/<family>.py `warm_start`); `WarmStartConfig()` itself for names without a warm start (real
+    benchmarks). For the families that declare a `scaled_budget` the step budget grows with `steps` unless
+    `max_steps` is given."""
+    declared = declared_warm_start(task)
+    settings = {} if declared is None else {"task": task, **declared.changes}
+    if "max_steps" not in overrides and declared is not None and declared.scaled_budget is not None:
         steps = overrides.get("steps", WarmStartConfig.steps)
         base = settings.get("max_steps", WarmStartConfig.max_steps)
         settings["max_steps"] = max_steps_for(task, steps, base)
