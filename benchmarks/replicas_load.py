@@ -14,8 +14,8 @@ the 2 replicas is SIGKILLed once half the requests are answered and started agai
 store: every answered episode is in it once and ran on one version per role; answers other than 200 /
 429 / 503 are counted (and failures: with `--kill`, the 503s of requests the balancer could not resend).
 Prints and writes (benchmarks/results/replicas_load.json) p50 / p99 latency, throughput and the API /
-direct ratios. PostgreSQL 15 and HAProxy as the tests start them (tests/pg_fixtures.py,
-tests/balancer_fixtures.py).
+direct ratios. PostgreSQL 15 and HAProxy as the tests start them (tests/support/postgres.py,
+tests/support/haproxy.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """vLLM's recorded log-probs are those of the distribution each token was sampled from, as the embedded
 engine's (graphs/engine.py SamplingParams): the server runs with `--logprobs-mode processed_logprobs`
 (temperature and top-p applied, renormalised over the nucleus); greedy requests keep the T = 1 ones.
-Checked against transformers, one unpadded forward per prefix (tests/test_behaviour_logprobs.py).
+Checked against transformers, one unpadded forward per prefix (tests/engines/test_behaviour_logprobs.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
   request; an adapter of a rank the serving side was not set up for is refused, saying why, and the old
   version keeps serving.
 
-One prepared model (tests/vllm_fixtures.py `smollm2_model_dir`, cached under ~/.cache/teamtr), one vLLM
+One prepared model (tests/conftest.py `smollm2_model_dir`, cached under ~/.cache/teamtr), one vLLM
 server (`smollm2_vllm_server`) and one embedded engine serve the whole module. The adapters are random
 rank-8 LoRAs on q_proj / v_proj with B != 0 (so they change the outputs), written by peft in safetensors.
 Wall time and the measured log-prob gap: docs/models.md.

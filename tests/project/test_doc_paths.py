@@ -1,7 +1,7 @@
 """Every file the README and docs/*.md name exists in the repository, so a page never sends a reader to
 a file that moved (modules move between areas; this test names the page and the path).
 
-Checked: repository paths (`training/stage.py`, `tests/test_theory_*.py`: a pattern must match a file),
+Checked: repository paths (`training/stage.py`, `tests/theory/test_*.py`: a pattern must match a file),
 bare module names (`embedded_decode.py`, after its area was named: some file of that name exists),
 relative Markdown links, and that no page cites a file outside the repository (`../x/y.md`, or a
 document such as `DESIGN.md` that the repository does not hold). Placeholders (`RUN_DIR/config.yaml`)
@@ -81,7 +81,7 @@ def test_the_check_catches_a_moved_file_a_missing_module_and_an_outside_document
     text = (
         "See serving/embedded.py, `embedded_decode.py`, nothing_here.py, tests/test_nothing_*.py,\n"
         "[a](missing.md), [b](training.md), `../shared/TEAMTR.md` and DESIGN.md; fine: training/stage.py,\n"
-        "README.md, tests/test_theory_*.py, RUN_DIR/config.yaml, runs/demo/summary.json.\n"
+        "README.md, tests/theory/test_*.py, RUN_DIR/config.yaml, runs/demo/summary.json.\n"
     )
     missing = _missing(text, ROOT / "docs", repo_files)
     assert missing == [

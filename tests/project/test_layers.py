@@ -109,7 +109,7 @@ def forbidden_imports() -> dict[tuple[str, str], list[str]]:
 def test_no_layer_imports_one_it_may_not():
     found = forbidden_imports()
     lines = [line for _, found_lines in sorted(found.items()) for line in found_lines]
-    assert not lines, "imports against the layer order (tests/test_layers.py MAY_IMPORT):\n" + "\n".join(lines)
+    assert not lines, "imports against the layer order (tests/project/test_layers.py MAY_IMPORT):\n" + "\n".join(lines)
 
 
 def test_every_area_is_parsed():

@@ -11,10 +11,10 @@ and the errors a user meets first: a wrong path, a run without adapters, a confi
 are one line of error, never a traceback (`teamtr --debug` shows it).
 
 The run written by `teamtr demo` has `team.roles: null` (the task's own team), as `make demo`'s has.
-The benchmark commands are in tests/test_readme_benchmarks.py, `--engine vllm` in
-tests/test_readme_flows_vllm.py; the other README commands have their own tests (`eval --list-tasks`,
-`eval warm`, `warmstart`: test_evals_cli.py / test_warmstart_families.py; `theory check|scaling`:
-test_theory_cli.py; `traces to-trajectories`: test_serving_tracing.py).
+The benchmark commands are in tests/project/test_readme_benchmarks.py, `--engine vllm` in
+tests/project/test_readme_flows_vllm.py; the other README commands have their own tests (`eval --list-tasks`,
+`eval warm`, `warmstart`: test_cli.py / test_warmstart_families.py; `theory check|scaling`:
+test_cli.py; `traces to-trajectories`: test_tracing.py).
 """
 
 from __future__ import annotations

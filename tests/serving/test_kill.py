@@ -3,7 +3,7 @@ their threads, and after every restart each answered episode is in the span stor
 each thread's seen-message digests are exactly what its client was answered (at most one unanswered
 exchange beyond), so resent histories are recognised and never appended twice, and the SQLite files
 pass their integrity check. The server runs as `teamtr serve` does (cli/serve.py `_serve_forever`), in a
-process forked from a forkserver that imported teamtr once (tests/killable_server.py)."""
+process forked from a forkserver that imported teamtr once (tests/support/killable_server.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ the package serves runs a server in a thread; benchmarks run `teamtr serve` as i
 
 The server is built by an async factory run on the server's own event loop, because the engine's tasks
 and the registry's locks belong to the loop that serves the app. `teamtr serve`'s `build_server`
-(serving/server.py) is such a factory; tests/serving_fixtures.py wraps it as `serve_in_background`.
+(serving/server.py) is such a factory; tests/support/serving.py wraps it as `serve_in_background`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Chat clients that continue threads and resend the whole conversation each request, as OpenAI clients
-do; what they were answered (tests/test_serving_kill.py, tests/test_serving_balancer.py)."""
+do; what they were answered (tests/serving/test_kill.py, tests/serving/test_balancer.py)."""
 
 from __future__ import annotations
 

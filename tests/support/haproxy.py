@@ -1,7 +1,7 @@
 """A real HAProxy (Debian's package) in front of `teamtr serve` replicas, on loopback ports, with the
 configuration docs/scale.md recommends (serving/haproxy.py writes it).
 
-Where HAProxy is not installed the tests skip with "HAProxy is not installed", which tests/ci_strict.py
+Where HAProxy is not installed the tests skip with "HAProxy is not installed", which tests/support/ci_strict.py
 turns into a failure under CI=true (scripts/setup_services.sh installs it there).
 """
 

@@ -50,7 +50,7 @@ UNVERIFIABLE = "improve-unverifiable"
 
 class Unverifiable:
     """The same task as the loop sees it when no verifier exists: it cannot give a served prompt's
-    answer (no `answer_for`), so `teamtr improve` can score nothing itself (tests/test_improve_feedback.py
+    answer (no `answer_for`), so `teamtr improve` can score nothing itself (tests/improve/test_feedback.py
     computes LowStart's verdict in the client, out of the loop's sight)."""
 
     name = UNVERIFIABLE

@@ -1,5 +1,5 @@
 """`teamtr serve` in a process of its own, forked from a forkserver that imported teamtr once
-(`PRELOAD`): a server a test can SIGKILL and start again in seconds (tests/test_serving_kill.py)."""
+(`PRELOAD`): a server a test can SIGKILL and start again in seconds (tests/serving/test_kill.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 a fresh data directory on a free loopback port and yields its URL; the server stops when the block ends.
 PostgreSQL refuses to run as root: as root (CI), the data directory is given to the `postgres` user and
 the commands run as that user (`runuser`). Where PostgreSQL is not installed the tests skip with "PostgreSQL
-is not installed", which tests/ci_strict.py turns into a failure under CI=true.
+is not installed", which tests/support/ci_strict.py turns into a failure under CI=true.
 """
 
 from __future__ import annotations

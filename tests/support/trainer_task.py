@@ -1,4 +1,4 @@
-"""The task and team of the trainer tests (tests/test_training_trainer.py and the tests that reuse its
+"""The task and team of the trainer tests (tests/training/test_trainer.py and the tests that reuse its
 config), registered when this module is imported.
 
 The team is the chain team's three roles with short messages (a random model rarely writes the stop

@@ -1,6 +1,6 @@
 """Data-parallel TeamTR (training/distributed.py) under a real `torchrun` with 2 CPU ranks (gloo).
 
-One stage of the tiny chain team (tests/trainer_fixtures.py's task, tests/test_training_trainer.py's
+One stage of the tiny chain team (tests/support/trainer_task.py's task, tests/training/test_trainer.py's
 config), trained:
 1. in one process, 2. by 2 ranks, 3. by 2 ranks of which rank 1 is killed with SIGKILL after the first
 update, then the same command again. The 2-rank run makes the single-process run's accept / reject

@@ -1,5 +1,5 @@
 """One TeamTR stage on SmolLM2-135M-Instruct with its rollouts sampled by the real vLLM server:
-`rollout.engine: vllm` attached to the session's SmolLM2 server (tests/vllm_fixtures.py).
+`rollout.engine: vllm` attached to the session's SmolLM2 server (tests/conftest.py).
 
 The team and task are examples/smollm2_team.py's (a solver and a checker on `sum_of_two`, sampled at
 T = 0.5, where SmolLM2 is right often enough for the groups to have a spread, so the updates move the
@@ -33,7 +33,7 @@ from tests.training.test_trainer import small_config
 
 torch.set_num_threads(1)
 ADAPTERS = ("solver", "checker")
-TOLERANCE = 1e-3  # nats per token, as tests/test_real_model.py (30 float32 layers, two kernel orders)
+TOLERANCE = 1e-3  # nats per token, as tests/engines/test_real_model.py (30 float32 layers, two kernel orders)
 TEMPERATURE = 0.5  # the example's (examples/smollm2_team.yaml)
 
 

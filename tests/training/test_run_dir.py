@@ -55,7 +55,7 @@ def renamed_run(tiny_model_dir, tmp_path_factory):
         tiny_model_dir,
         tmp_path_factory.mktemp("renamed") / "run",
         task=trainer_task.ODD_TASK,
-        roles="test_run_dir:renamed_roles",
+        roles=f"{__name__}:renamed_roles",
     )
     Trainer(cfg).train()
     return RunDir(cfg.run_dir)
@@ -156,7 +156,7 @@ def test_the_engine_uses_the_runs_lora_settings(tiny_model_dir, tmp_path):
 def test_a_run_refuses_a_different_config_and_names_bad_fields(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, tmp_path / "run")
     RunDir.create(cfg)
-    # a run that trained an update (an untrained one starts over: tests/test_first_hour_traps.py)
+    # a run that trained an update (an untrained one starts over: tests/project/test_first_hour_traps.py)
     (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"kind": "update", "accepted": True}) + "\n")
     with pytest.raises(RunDirError, match=r"different config .*seed: 0 -> 7.* --restart"):
         RunDir.create(cfg.with_overrides({"seed": 7}))

@@ -2,7 +2,7 @@
 holds, a rejected update leaves the adapter bit-identical, and a run killed with SIGKILL resumes to the
 same adapters as an uninterrupted run.
 
-The team and task (tests/trainer_fixtures.py) are the chain team's three roles on a seconds-sized random
+The team and task (tests/support/trainer_task.py) are the chain team's three roles on a seconds-sized random
 Llama, rewarded for a final message that starts with a digit.
 """
 

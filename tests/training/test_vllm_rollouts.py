@@ -1,8 +1,8 @@
 """`rollout.engine: vllm`: one TeamTR stage whose rollouts a real vLLM server samples
 (training/vllm_rollouts.py).
 
-The team and task are tests/test_training_trainer.py's (the chain team's three roles, reward for a
-final message starting with a digit) on the session's tiny vLLM model (tests/vllm_fixtures.py), which
+The team and task are tests/training/test_trainer.py's (the chain team's three roles, reward for a
+final message starting with a digit) on the session's tiny vLLM model (tests/conftest.py), which
 the trainer's embedded engine loads too. What must hold:
 
 - every rollout after role i's accepted update records role i's new version, and vLLM sampled it with

@@ -53,7 +53,7 @@ def tiny_family_config(task: str, **overrides) -> WarmStartConfig:
 
 
 def test_every_family_has_a_warm_start_config():
-    # relay's demonstrations are drawn with slips and its roles speak unevenly: tests/test_relay.py
+    # relay's demonstrations are drawn with slips and its roles speak unevenly: tests/tasks/test_relay.py
     assert sorted(FAMILY_SETTINGS) == sorted([*FAMILIES, "relay"])
     assert set(FAMILIES) | {"chain"} <= set(task_names())
     for name in FAMILIES:
