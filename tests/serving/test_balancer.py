@@ -23,12 +23,11 @@ import pytest
 
 from teamtr.engines.vllm_server import free_port
 from teamtr.serving.conversations import message_digest
+from teamtr.serving.local_replicas import fresh_database, start_serve, wait_healthy
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.tracing import trajectories_from_store
 from tests.support.chat_load import ThreadLoad
-from tests.support.haproxy import haproxy
-from tests.support.postgres import fresh_database, postgres_server
-from tests.support.serve_process import start_serve, wait_healthy
+from tests.support.services import haproxy
 from tests.support.serving import make_run_dir, write_versions
 
 ADMIN = {"Authorization": "Bearer adm"}
@@ -70,12 +69,6 @@ class Load(ThreadLoad):
         while len(self.answered) < count:
             assert time.monotonic() < deadline, f"only {len(self.answered)} of {count} requests answered"
             time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    with postgres_server() as url:
-        yield url
 
 
 def seen_digests(db: str, thread: str) -> list[str]:

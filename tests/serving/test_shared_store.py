@@ -19,21 +19,15 @@ from typer.testing import CliRunner
 
 from teamtr.cli.main import app
 from teamtr.engines.vllm_server import free_port
+from teamtr.serving.local_replicas import fresh_database
 from teamtr.serving.pg_store import PgStore, StoreError
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.server import ServeConfig
 from teamtr.serving.tracing import trajectories_from_store
-from tests.support.postgres import fresh_database, postgres_server
 from tests.support.serve_process import serve_process
 from tests.support.serving import make_run_dir, write_versions
 
 ADMIN = {"Authorization": "Bearer adm"}
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    with postgres_server() as url:
-        yield url
 
 
 @pytest.fixture

