@@ -41,6 +41,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The warm-start module's tiny random model, one per test module (the trainer tests' model)."""
+    from teamtr.training.warmstart import tiny_random_model
+
+    return str(tiny_random_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
 @pytest.fixture(scope="session")
 def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_vllm_model(tmp_path_factory.mktemp("vllm") / "tiny-llama")

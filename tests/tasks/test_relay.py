@@ -15,7 +15,6 @@ from teamtr.tasks import get_task
 from teamtr.tasks.relay import RelayOrder, speakers
 from teamtr.theory.env import relay_instance, relay_speakers, relay_warm_logits
 from teamtr.theory.exact import evaluate
-from tests.training.test_trainer import tiny_model  # noqa: F401 (fixture)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -100,7 +99,7 @@ def test_lab_scaling_runs_the_relay_family():
     assert metrics.return_initial > 0.9  # every role reads the value: the control starts near the ceiling
 
 
-def test_relay_study_runs_resumes_and_writes_one_line_per_cell(tiny_model, tmp_path):  # noqa: F811
+def test_relay_study_runs_resumes_and_writes_one_line_per_cell(tiny_model, tmp_path):
     import relay_study
 
     argv = ["--out", str(tmp_path), "--model", tiny_model, "--sizes", "2", "--control-size", "0",

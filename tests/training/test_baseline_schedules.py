@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from teamtr.graphs.run_layout import read_metrics
-from tests.training.test_trainer import small_config, stage_team, tiny_model, train  # noqa: F401 (fixture)
+from tests.training.test_trainer import small_config, stage_team, train
 
 torch.set_num_threads(1)
 

@@ -17,7 +17,7 @@ from teamtr.graphs.trajectory import Trajectory
 from teamtr.training.config import TrainConfig
 from teamtr.training.dynamic_sampling import groups_with_spread, refilled_episodes
 from teamtr.training.llm_team import RunState
-from tests.training.test_trainer import small_config, stage_team, tiny_model, train  # noqa: F401 (fixture)
+from tests.training.test_trainer import small_config, stage_team, train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

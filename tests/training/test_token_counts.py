@@ -15,7 +15,6 @@ from teamtr.training.token_counts import PrefixCache, pass_tokens, three_counts
 from tests.training.test_trainer import (  # importing it registers the trainer tests' task
     small_config,
     stage_team,
-    tiny_model,  # noqa: F401 (fixture)
     train,
 )
 

@@ -29,13 +29,6 @@ torch.set_num_threads(1)
 
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    from teamtr.training.warmstart import tiny_random_model
-
-    return str(tiny_random_model(tmp_path_factory.mktemp("tiny") / "model"))
-
-
 def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
     base = {
         "run_dir": str(run_dir),
