@@ -45,7 +45,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))  # tests/adapter_fixtures.py
 
 OUT = HERE / "results" / "improve_end_to_end"
 # the condition's training reward and improve's extra arguments (README.md says how they came to be).
@@ -101,8 +100,8 @@ def wrong_sum(prompt: str, response: str) -> float:
 def served_run(run: Path) -> Path:
     """The demo's config on the shipped warm model, fresh adapters (B = 0) saved as v1 of every role."""
     import torch
-    from adapter_fixtures import save_adapters
 
+    from teamtr.engines.random_adapters import save_adapters
     from teamtr.training.demo import demo_config, demo_model
     from teamtr.training.run_dir import RunDir
 

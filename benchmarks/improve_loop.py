@@ -35,11 +35,10 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
-from adapter_fixtures import randomise_adapters, save_adapters  # noqa: E402
 from load_test import ADMIN_KEY, ROLES, ROLES_FACTORY, start_api_server, tiny_model  # noqa: E402
 
 from teamtr.engines.embedded import EmbeddedEngine, LoraSettings  # noqa: E402
+from teamtr.engines.random_adapters import randomise_adapters, save_adapters  # noqa: E402
 from teamtr.tasks import get_task  # noqa: E402
 
 FIGURES = ("difference", "lower_bound", "upper_bound", "pairs", "candidate_episodes", "incumbent_episodes")

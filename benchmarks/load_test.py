@@ -43,13 +43,11 @@ from rich.console import Console
 from rich.table import Table
 
 from teamtr.engines.models import resolve_model
+from teamtr.engines.random_adapters import write_versions
 from teamtr.engines.vllm_server import free_port
 from teamtr.graphs.run_layout import version_dirs
 from teamtr.serving.server import ServeConfig, build_server
 from teamtr.tasks import get_task
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
-from adapter_fixtures import write_versions  # noqa: E402
 
 ROLES = ("adder1", "adder2", "adder3")
 ROLES_FACTORY = "teamtr.graphs.chain_team:chain_roles"

@@ -43,7 +43,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -56,6 +55,7 @@ import torch
 from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
 from teamtr.engines.models import resolve_model
 from teamtr.engines.open import EngineSpec, open_engine
+from teamtr.engines.random_adapters import randomise_lora_b
 from teamtr.engines.vllm_engine import VLLMEngine
 from teamtr.engines.vllm_server import VLLMServer, start_vllm_server
 from teamtr.graphs.chain_team import chain_roles
@@ -63,9 +63,6 @@ from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.graphs.team import Team, derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.tasks import get_task
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
-from adapter_fixtures import randomise_lora_b  # noqa: E402
 
 ROLES = ("adder1", "adder2", "adder3")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -14,8 +14,7 @@ the 2 replicas is SIGKILLed once half the requests are answered and started agai
 store: every answered episode is in it once and ran on one version per role; answers other than 200 /
 429 / 503 are counted (and failures: with `--kill`, the 503s of requests the balancer could not resend).
 Prints and writes (benchmarks/results/replicas_load.json) p50 / p99 latency, throughput and the API /
-direct ratios. PostgreSQL 15 and HAProxy as the tests start them (tests/pg_fixtures.py,
-tests/balancer_fixtures.py).
+direct ratios. PostgreSQL 15 and HAProxy as the tests start them (serving/local_replicas.py).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import json
 import os
 import platform
 import signal
-import sys
 import tempfile
 import uuid
 from collections import Counter
@@ -40,15 +38,11 @@ from rich.console import Console
 from rich.table import Table
 
 from teamtr.engines.vllm_server import free_port
+from teamtr.serving.local_replicas import fresh_database, haproxy, postgres_server, start_serve, wait_healthy
 from teamtr.serving.served_episodes import served_episodes
 from teamtr.serving.server import ServeConfig, build_server
 from teamtr.serving.tracing import trajectories_from_store
 from teamtr.tasks import get_task
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' service fixtures
-from balancer_fixtures import haproxy  # noqa: E402
-from pg_fixtures import fresh_database, postgres_server  # noqa: E402
-from serve_process import start_serve, wait_healthy  # noqa: E402
 
 CHECKS = ("mixed_episodes", "answered_not_stored_once", "other_than_200_429_503", "answered_503")
 RESULTS = Path(__file__).resolve().parent / "results" / "replicas_load.json"

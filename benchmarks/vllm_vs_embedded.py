@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +25,10 @@ from rich.console import Console
 from rich.table import Table
 
 from teamtr.engines.open import EngineSpec, open_engine
+from teamtr.engines.random_adapters import random_lora_adapter
 from teamtr.graphs.engine import Engine, SamplingParams
 from teamtr.training.tiny_models import build_char_tokenizer
 from teamtr.training.warmstart import new_model, save_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/adapter_fixtures.py
-from adapter_fixtures import random_lora_adapter  # noqa: E402
 
 
 def build_model(out_dir: Path) -> Path:

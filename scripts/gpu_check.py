@@ -4,7 +4,7 @@ vLLM server with two role LoRAs and a hot-swap, and one TeamTR stage whose rollo
 what it measured as one JSON object.
 
     .venv/bin/python scripts/gpu_check.py --device cuda            # bfloat16 on the first GPU
-    .venv/bin/python scripts/gpu_check.py --device cpu --no-vllm   # the dry run (tests/test_gpu_check.py)
+    .venv/bin/python scripts/gpu_check.py --device cpu --no-vllm   # the dry run (tests/project/test_gpu_check.py)
 
 scripts/gpu_check.sh installs the CUDA vLLM first and keeps the whole run under 8 minutes. Measured:
 tokens per second (embedded, vLLM), the log-prob gap between what vLLM recorded and what the trainer's
@@ -43,7 +43,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
         "tie_word_embeddings": False,
     },
-    "qwen3-tiny": {  # the same architecture at test size (tests/test_gpu_check.py)
+    "qwen3-tiny": {  # the same architecture at test size (tests/project/test_gpu_check.py)
         "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "max_position_embeddings": 2048, "tie_word_embeddings": False,

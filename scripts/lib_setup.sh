@@ -1,7 +1,7 @@
 # Sourced by scripts/setup_*.sh: what a failed install means.
 # On a developer machine a missing server is a warning (its tests skip, saying why) and the script exits 0;
 # under CI (CI=true) it exits 1, because a green CI run must mean that every part of the suite ran
-# (tests/ci_strict.py turns those tests' skips into failures there too).
+# (tests/support/ci_strict.py turns those tests' skips into failures there too).
 
 under_ci() {
     case "${CI:-}" in [Tt][Rr][Uu][Ee] | 1 | [Yy][Ee][Ss]) return 0 ;; *) return 1 ;; esac

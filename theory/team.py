@@ -119,7 +119,7 @@ class TabularTeam:
 
     def resample_suffix(self, stage: int, index: int, previous: ExactBatch, updated: list[str]) -> ExactBatch:
         """schedule.resample: suffix. Its episodes are distributed exactly as the current team's
-        (theory/suffix.py, tests/test_theory_suffix.py), so its exact batch is the current team's."""
+        (theory/suffix.py, tests/theory/test_suffix.py), so its exact batch is the current team's."""
         return self.rollout(stage, index)
 
     def update(self, ctx: UpdateContext[ExactBatch]) -> UpdateRecord:

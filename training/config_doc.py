@@ -6,7 +6,7 @@
 Every key of a training config (training/config.py `TrainConfig` and the sections it nests: graphs/spec.py
 `TaskConfig` / `TeamConfig`, training/stage.py `ScheduleConfig`, engines/open.py `VLLMSettings`)
 with its type, its default and what it does: the comment written beside or above the field in its class
-(or its `Field(description=...)`). tests/test_first_hour_traps.py fails when the file is not what this
+(or its `Field(description=...)`). tests/project/test_first_hour_traps.py fails when the file is not what this
 module writes, so whoever changes a config class last regenerates it.
 """
 
@@ -113,7 +113,7 @@ def section_keys(cls: type) -> list[Key]:
 
 
 # What a field does where its class has no comment beside or above it (keyed by its dotted path;
-# tests/test_first_hour_traps.py checks that every entry is still a key). Better: a comment in the class.
+# tests/project/test_first_hour_traps.py checks that every entry is still a key). Better: a comment in the class.
 NOTES = {
     "seed": "seeds everything random in the run (LoRA initialisation, rollouts, order, evaluation episodes): "
     "a run killed and resumed ends with the same adapters",
@@ -202,7 +202,7 @@ def config_reference() -> str:
         "# Configuration reference",
         "",
         "<!-- Generated from the config classes by `" + REGENERATE + "`: do not edit by",
-        "hand. Whoever changes a config class runs that command (tests/test_first_hour_traps.py fails until",
+        "hand. Whoever changes a config class runs that command (tests/project/test_first_hour_traps.py fails until",
         "this file is what it writes). -->",
         "",
         f"**Regenerate:** `{REGENERATE}` (from the repository root, in the venv).",
