@@ -1,12 +1,12 @@
 """The `StageTeam` of an LLM team: what training/stage.py `run_stage` drives for `teamtr train`.
 
-One `EmbeddedEngine` (one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
+One trainable engine (graphs/engine.py `TrainableEngine`, e.g. `EmbeddedEngine`: one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
 AdamW). Its two halves: ROLLOUT is training/llm_rollouts.py's `TeamSampler` (episodes through the team's
 LangGraph graph, sampled by that engine or by vLLM, suffix resampling, the held-out KL check's held-out episodes);
 OPTIMISE is `update` here, a thin adapter around the per-agent step (training/teamtr_step.py): it replays
 updates a resumed run already completed, measures the diagnostics around the step
 (training/diagnostics.py), saves the accepted adapter (and pushes it to vLLM), logs the update record and
-hands over to the trainer's checkpoint. The update's log-probs are always the embedded engine's. The
+hands over to the trainer's checkpoint. The update's log-probs are always the trainable engine's. The
 schedule only changes which batch `update` receives (run_stage decides).
 """
 
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.graphs.engine import Engine, TrainableEngine
 from teamtr.graphs.roles import Role
 from teamtr.graphs.run_layout import adapter_dir
 from teamtr.graphs.spec import build_team
@@ -111,19 +111,20 @@ class LoggedUpdate:
 
 
 class LLMStageTeam:
-    """`StageTeam[RolloutBatch, LoggedUpdate]` for a LangGraph team of LLM roles on an embedded engine."""
+    """`StageTeam[RolloutBatch, LoggedUpdate]` for a LangGraph team of LLM roles on a trainable engine
+    (graphs/engine.py `TrainableEngine`; `EmbeddedEngine` today)."""
 
     def __init__(
         self,
         cfg: TrainConfig,
-        engine: EmbeddedEngine,
+        engine: TrainableEngine,
         roles: list[Role],
         task: TaskFamily,
         metrics: MetricsLog,
         state: RunState,
         run_dir: Path,
         progress: TrainingProgress,
-        rollout_engine: EmbeddedEngine | VLLMRollouts | None = None,
+        rollout_engine: Engine | None = None,
         data_parallel: DataParallel | None = None,
     ) -> None:
         self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
