@@ -86,11 +86,6 @@ class RunState:
     best_result: dict[str, Any] = field(default_factory=dict)
     stage_certificates: list[float | None] = field(default_factory=list)
 
-    @classmethod
-    def from_checkpoint(cls, saved: dict[str, Any]) -> RunState:
-        renamed = {"monitor_tokens": "heldout_tokens"}  # a checkpoint written before the rename
-        return cls(**{renamed.get(k, k): v for k, v in saved.items()})
-
 
 @dataclass
 class LoggedUpdate:

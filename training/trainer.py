@@ -140,7 +140,7 @@ class Trainer:
         if ckpt is not None:
             if main:
                 metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
-            state = RunState.from_checkpoint(ckpt.state["run"])
+            state = RunState(**ckpt.state["run"])
         team = self.stage_team(
             cfg,
             engine,
