@@ -25,7 +25,8 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import BaseModel, Field
 from test_chat_templates import CHATML, STRICT, tokenizer
 
-from teamtr.graphs.capture import ForeignModelWarning, run_episode
+from teamtr.graphs.capture import run_episode
+from teamtr.graphs.capture_callback import ForeignModelWarning
 from teamtr.graphs.chat_format import render_prompt, template_traits
 from teamtr.graphs.chat_model import EngineChatModel, turn_from_reply
 from teamtr.graphs.engine import SamplingParams

@@ -21,7 +21,7 @@ from serve_process import serve_process
 from test_user_graphs import ROOT, example_config, train
 from transformers import AutoTokenizer
 
-from teamtr.graphs.capture import ForeignModelWarning
+from teamtr.graphs.capture_callback import ForeignModelWarning
 from teamtr.serving.conversations import thread_config, threads_path
 from teamtr.serving.tracing import trajectories_from_store
 
