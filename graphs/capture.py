@@ -1,8 +1,9 @@
 """Capture any LangGraph graph's episode as one `Trajectory` (graphs/trajectory.py).
 
 `run_episode(graph, task, ...)` invokes a compiled graph once with an `EpisodeCapture`
-(graphs/capture_callback.py) among the invocation's callbacks. LangGraph hands an invocation's callbacks to every node, to subgraphs and to
-`Send` branches, so every chat-model call made while the invocation runs reports to that one capture,
+(graphs/capture_callback.py) among the invocation's callbacks. LangGraph hands an invocation's callbacks
+to every node, to subgraphs and to `Send` branches, so every chat-model call made while the invocation
+runs reports to that one capture,
 and concurrent invocations (each with its own capture) never mix. Each call becomes a `Turn`, in the
 order the calls started:
 

@@ -1,4 +1,5 @@
-"""pi_j of an LLM team: one role's LoRA adapter on a trainable engine (graphs/engine.py `TrainableEngine`), with the AdamW that updates it.
+"""pi_j of an LLM team: one role's LoRA adapter on a trainable engine (graphs/engine.py `TrainableEngine`,
+e.g. the embedded one), with the AdamW that updates it.
 
 What the per-agent step (training/teamtr_step.py) needs of a policy: log-probabilities of sampled tokens
 (with or without a gradient), an exact snapshot to undo an attempt, and a commit that swaps the accepted

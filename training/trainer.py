@@ -81,7 +81,10 @@ class Trainer:
     """`Trainer(cfg).train()`: a whole run in cfg.run_dir, resumed from its checkpoint if there is one."""
 
     def __init__(
-        self, cfg: TrainConfig, progress: TrainingProgress | None = None, engine: TrainableEngine | None = None
+        self,
+        cfg: TrainConfig,
+        progress: TrainingProgress | None = None,
+        engine: TrainableEngine | None = None,
     ):
         self.cfg = cfg
         self.progress = progress or TrainingProgress()
