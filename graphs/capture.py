@@ -3,9 +3,8 @@
 `run_episode(graph, task, ...)` invokes a compiled graph once with an `EpisodeCapture`
 (graphs/capture_callback.py) among the invocation's callbacks. LangGraph hands an invocation's callbacks
 to every node, to subgraphs and to `Send` branches, so every chat-model call made while the invocation
-runs reports to that one capture,
-and concurrent invocations (each with its own capture) never mix. Each call becomes a `Turn`, in the
-order the calls started:
+runs reports to that one capture, and concurrent invocations (each with its own capture) never mix.
+Each call becomes a `Turn`, in the order the calls started:
 
 - an `EngineChatModel` call (graphs/chat_model.py): the prompt ids the engine saw, the completion ids it
   sampled, their behaviour log-probs, role, adapter, adapter version and base, exactly as sampled;
