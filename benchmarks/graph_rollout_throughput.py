@@ -41,11 +41,12 @@ from rollout_throughput import build_model  # beside this script: the same demo-
 
 from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.engines.open import EngineSpec, open_engine
-from teamtr.graphs.capture import GraphTeam, derive_seed
+from teamtr.graphs.capture import GraphTeam
 from teamtr.graphs.chain_team import chain_team
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.role_models import RoleModels
 from teamtr.graphs.roles import Role
+from teamtr.graphs.seeds import derive_seed
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.tasks import get_task
 

@@ -6,13 +6,18 @@ process), `VLLMEngine` (a real vLLM OpenAI-compatible server with runtime LoRA),
 versions). A role's chat model, the trainer's rollouts and the chat API all talk to an engine through
 `Engine` only; what some engines add is declared below as protocols of its own (`TokenStreaming`,
 `ServedAdapters`, `RestoresAdapters`, `Closable`) and asked with isinstance, never guessed with getattr.
+The trainer needs more of the engine whose adapters it trains (`TrainableEngine`: differentiable log-probs,
+the adapters' parameters, their snapshots and versions); `EmbeddedEngine` is the one that has it today.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # graphs/ does not load torch: the trainable-engine protocol only names its types
+    import torch
 
 DEFAULT_BASE = "base"
 # The attention and MLP projections of Llama/Qwen-style models: what role adapters target by default and
@@ -157,6 +162,44 @@ class Closable(Protocol):
     async def aclose(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class TrainableEngine(Engine, Protocol):
+    """An engine whose adapters the trainer (training/) updates in place: what `AdapterPolicy` and the
+    stage team ask of it. Any engine implementing this can be trained."""
+
+    def model(self, base: str = DEFAULT_BASE) -> torch.nn.Module:
+        """The torch model holding the base's adapters (a peft model): gradients flow through it, and the
+        trainer saves adapters from it."""
+        ...
+
+    def adapter_parameters(self, name: str, base: str = DEFAULT_BASE) -> dict[str, torch.nn.Parameter]:
+        """The parameters of one adapter: what the trainer optimises for that role."""
+        ...
+
+    def token_logprobs(
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        adapter: str | None | list[str | None],
+        base: str = DEFAULT_BASE,
+        temperature: float = 1.0,
+    ) -> list[torch.Tensor]:
+        """log pi_T(x_u | prompt, x_<u) of each completion token, differentiable (T = `temperature`)."""
+        ...
+
+    def snapshot_adapter(self, name: str, base: str = DEFAULT_BASE) -> dict[str, torch.Tensor]:
+        """A copy of the adapter's weights, for `restore_adapter`."""
+        ...
+
+    def restore_adapter(self, name: str, snapshot: dict[str, torch.Tensor], base: str = DEFAULT_BASE) -> None:
+        """Put exactly these weights back (backtracking a rejected update)."""
+        ...
+
+    def commit_adapter_update(self, name: str, base: str = DEFAULT_BASE) -> int:
+        """Mark the adapter's current weights live as its next version; returns that version."""
+        ...
 
 
 def streams_tokens(engine: object) -> bool:

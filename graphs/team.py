@@ -34,12 +34,13 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from teamtr.graphs.capture import EpisodeRunner, derive_seed, run_episode
+from teamtr.graphs.capture import EpisodeRunner, run_episode
 from teamtr.graphs.chat_format import ChatFormat, template_traits
 from teamtr.graphs.chat_model import strip_stop
 from teamtr.graphs.loading import import_module
 from teamtr.graphs.role_models import RoleModels, role_chat_model
 from teamtr.graphs.roles import Role, role_messages, with_view
+from teamtr.graphs.seeds import derive_seed
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.trajectory import Trajectory, Turn
 

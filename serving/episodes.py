@@ -34,7 +34,7 @@ from langchain_core.outputs import LLMResult
 from langgraph.checkpoint.memory import InMemorySaver
 
 from teamtr.client.protocol import TurnInfo
-from teamtr.graphs.capture import node_path
+from teamtr.graphs.capture_callback import node_path
 from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_reply
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team

@@ -17,10 +17,11 @@ from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.training.advantages import advantages_for
 from teamtr.training.certificate import heldout_surrogate
 from teamtr.training.config import LossConfig
+from teamtr.training.penalised_objective import surrogate
 from teamtr.training.policy import AdapterPolicy
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, Speakers, messages_of_role
 from teamtr.training.stage import UpdateContext
-from teamtr.training.teamtr_step import StepResult, surrogate
+from teamtr.training.teamtr_step import StepResult
 from teamtr.training.vocab_kl import MessageKL, Side, message_divergences
 
 HELDOUT_KL_CHUNK = 8  # messages per forward pass of the held-out KL check (vocabulary in chunks of positions)

@@ -41,15 +41,9 @@ from teamtr.training.behaviour import require_on_policy
 from teamtr.training.config import TrainConfig
 from teamtr.training.losses import Surrogate, clipped_surrogate, kl_estimates, monitored_kl
 from teamtr.training.policy import AdapterPolicy
+from teamtr.training.probe_check import probed_outcome, steps_inside_region
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, messages_of_role
-from teamtr.training.teamtr_step import (
-    Contexts,
-    StepResult,
-    no_attempt,
-    probed_outcome,
-    step_result,
-    steps_inside_region,
-)
+from teamtr.training.teamtr_step import Contexts, StepResult, no_attempt, step_result
 from teamtr.training.trust_region import ExactRegion, RegionCheck
 from teamtr.training.vocab_kl import Side
 

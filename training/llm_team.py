@@ -1,22 +1,21 @@
 """The `StageTeam` of an LLM team: what training/stage.py `run_stage` drives for `teamtr train`.
 
-One `EmbeddedEngine` (one base + one LoRA adapter per role, each role an `AdapterPolicy` with its own
-AdamW). Its two halves: ROLLOUT is training/llm_rollouts.py's `TeamSampler` (episodes through the team's
-LangGraph graph, sampled by that engine or by vLLM, suffix resampling, the held-out KL check's held-out episodes);
-OPTIMISE is `update` here, a thin adapter around the per-agent step (training/teamtr_step.py): it replays
-updates a resumed run already completed, measures the diagnostics around the step
-(training/diagnostics.py), saves the accepted adapter (and pushes it to vLLM), logs the update record and
-hands over to the trainer's checkpoint. The update's log-probs are always the embedded engine's. The
-schedule only changes which batch `update` receives (run_stage decides).
+One trainable engine (graphs/engine.py `TrainableEngine`, e.g. `EmbeddedEngine`: one base + one LoRA
+adapter per role, each role an `AdapterPolicy` with its own AdamW). Its two halves: ROLLOUT is
+training/llm_rollouts.py's `TeamSampler` (episodes through the team's LangGraph graph, sampled by that engine
+or by vLLM, suffix resampling, the held-out KL check's held-out episodes); OPTIMISE is `update` here, a thin
+adapter around the per-agent step (training/teamtr_step.py): it replays updates a resumed run already
+completed, measures the diagnostics around the step (training/diagnostics.py), saves the accepted adapter
+(and pushes it to vLLM), logs the update record (training/update_record.py) and hands over to the trainer's
+checkpoint. The update's log-probs are always the trainable engine's. The schedule only changes which batch
+`update` receives (run_stage decides).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +24,14 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from teamtr.engines.embedded import EmbeddedEngine
+from teamtr.graphs.engine import Engine, TrainableEngine
 from teamtr.graphs.roles import Role
 from teamtr.graphs.run_layout import adapter_dir
 from teamtr.graphs.spec import build_team
 from teamtr.graphs.task import TaskFamily
 from teamtr.graphs.team import derive_seed
 from teamtr.graphs.trajectory import Trajectory
-from teamtr.training.certificate import CertificateTerm, no_term, with_heldout
+from teamtr.training.certificate import no_term
 from teamtr.training.checkpoint import save_peft_adapter
 from teamtr.training.config import TrainConfig
 from teamtr.training.diagnostics import (
@@ -45,7 +44,6 @@ from teamtr.training.diagnostics import (
     logprob_gap_max,
     occupancy_divergence,
     stale_penalty,
-    turn_versions,
 )
 from teamtr.training.distributed import DataParallel
 from teamtr.training.joint_step import joint_step
@@ -56,6 +54,13 @@ from teamtr.training.progress import TrainingProgress
 from teamtr.training.rollouts import RolloutBatch, Speakers
 from teamtr.training.stage import UpdateContext
 from teamtr.training.teamtr_step import StepResult, batch_lacks_signal, teamtr_step
+from teamtr.training.update_record import (
+    AroundStep,
+    LoggedUpdate,
+    heldout_certificate,
+    unseen_share,
+    update_record,
+)
 from teamtr.training.vllm_rollouts import VLLMRollouts
 
 log = logging.getLogger(__name__)
@@ -86,44 +91,22 @@ class RunState:
     best_result: dict[str, Any] = field(default_factory=dict)
     stage_certificates: list[float | None] = field(default_factory=list)
 
-    @classmethod
-    def from_checkpoint(cls, saved: dict[str, Any]) -> RunState:
-        renamed = {"monitor_tokens": "heldout_tokens"}  # a checkpoint written before the rename
-        return cls(**{renamed.get(k, k): v for k, v in saved.items()})
-
-
-@dataclass
-class LoggedUpdate:
-    """What `LLMStageTeam.update` returns: the update's metrics record and its certificate term."""
-
-    record: dict[str, Any]  # the "update" record of metrics.jsonl
-
-    @property
-    def certificate(self) -> CertificateTerm:
-        logged = self.record["certificate"]  # a record from before the held-out forms lacks their fields
-        return CertificateTerm(
-            **{f.name: logged[f.name] for f in dataclasses.fields(CertificateTerm) if f.name in logged}
-        )
-
-    @property
-    def accepted(self) -> bool:
-        return bool(self.record["accepted"])
-
 
 class LLMStageTeam:
-    """`StageTeam[RolloutBatch, LoggedUpdate]` for a LangGraph team of LLM roles on an embedded engine."""
+    """`StageTeam[RolloutBatch, LoggedUpdate]` for a LangGraph team of LLM roles on a trainable engine
+    (graphs/engine.py `TrainableEngine`; `EmbeddedEngine` today)."""
 
     def __init__(
         self,
         cfg: TrainConfig,
-        engine: EmbeddedEngine,
+        engine: TrainableEngine,
         roles: list[Role],
         task: TaskFamily,
         metrics: MetricsLog,
         state: RunState,
         run_dir: Path,
         progress: TrainingProgress,
-        rollout_engine: EmbeddedEngine | VLLMRollouts | None = None,
+        rollout_engine: Engine | None = None,
         data_parallel: DataParallel | None = None,
     ) -> None:
         self.cfg, self.engine, self.task, self.metrics, self.state = cfg, engine, task, metrics, state
@@ -434,19 +417,6 @@ class LLMStageTeam:
         return [logged.get(ctx.role) or skipped[ctx.role] for ctx in ctxs]
 
 
-@dataclass
-class AroundStep:
-    """What `LLMStageTeam.before_step` measured before a step, for its record."""
-
-    t0: float
-    policy: AdapterPolicy
-    versions_before: dict[str, int]
-    weights: np.ndarray | None  # importance weights of the batch's episodes (None: all 1)
-    stale_gap: StaleGap
-    heldout_kl: OutOfSampleKL
-    rollout_gaps: dict[str, dict[str, float]] | None
-
-
 def contexts_of(episodes: list[Trajectory], speakers: Speakers) -> tuple[list[list[int]], list[list[int]]]:
     """(prompts, completions) of the speakers' sampled turns in `episodes`: the contexts a probe holds."""
     turns = [t for traj in episodes for t in traj.turns_of(speakers) if t.completion_ids]
@@ -462,60 +432,3 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.
     return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
 
-def unseen_share(heldout_prompts: list[list[int]], batch_prompts: list[list[int]]) -> float | None:
-    """Share of held-out contexts (a role's prompt token ids) that no message of the batch had."""
-    if not heldout_prompts:
-        return None
-    seen = {tuple(p) for p in batch_prompts}
-    return sum(tuple(p) not in seen for p in heldout_prompts) / len(heldout_prompts)
-
-
-def heldout_certificate(
-    step: StepResult, heldout_kl: OutOfSampleKL, measured: dict[str, Any]
-) -> CertificateTerm:
-    """The step's certificate term with its held-out forms from the held-out KL check's episodes."""
-    return with_heldout(
-        step.certificate,
-        heldout_kl.heldout_surrogate(),
-        measured["kl_out_of_sample"],
-        max(Counter(heldout_kl.episode_of).values(), default=0),
-    )
-
-
-def update_record(
-    ctx: UpdateContext[RolloutBatch],
-    role: Role,
-    step: StepResult,
-    cfg: TrainConfig,
-    diagnostics: dict[str, Any],
-    versions_before: dict[str, int],
-) -> dict[str, Any]:
-    """The "update" record of metrics.jsonl (docs/training.md, "Run directory")."""
-    region, kl = step.region, step.kl
-    return {
-        "stage": ctx.stage + 1,  # numbered from 1, as everywhere a stage is shown
-        "index": ctx.index,
-        "role": ctx.role,
-        "adapter": role.adapter,
-        "fresh": ctx.fresh,
-        "reward": float(ctx.batch.rewards.mean()),
-        "messages": len(step.messages),
-        "accepted": region.accepted,
-        "left_region": region.left_region,
-        "backtracks": region.backtracks,
-        "attempts": [dataclasses.asdict(a) for a in region.attempts],
-        "delta": cfg.trust_region.delta,
-        "d_hat": step.d_hat,
-        "kl_k1_message": float(kl.k1_message),
-        "kl_k1_token": float(kl.k1_token),
-        "kl_k3_message": float(kl.k3_message),
-        "kl_k3_token": float(kl.k3_token),
-        "beta": region.attempts[-1].beta,
-        "beta_next": region.beta_next,
-        **diagnostics,
-        "batch_key": ctx.batch.key,
-        "batch_versions": dict(ctx.batch.versions),
-        "batch_turn_versions": turn_versions(ctx.batch),
-        "versions_before": versions_before,
-        "version_after": step.version,
-    }

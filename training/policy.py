@@ -1,4 +1,5 @@
-"""pi_j of an LLM team: one role's LoRA adapter on the embedded engine, with the AdamW that updates it.
+"""pi_j of an LLM team: one role's LoRA adapter on a trainable engine (graphs/engine.py `TrainableEngine`,
+e.g. the embedded one), with the AdamW that updates it.
 
 What the per-agent step (training/teamtr_step.py) needs of a policy: log-probabilities of sampled tokens
 (with or without a gradient), an exact snapshot to undo an attempt, and a commit that swaps the accepted
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.engines.embedded_scoring import enable_body_checkpointing
+from teamtr.graphs.engine import TrainableEngine
 from teamtr.training.distributed import DataParallel
 from teamtr.training.rollouts import RoleMessages, padded_logprobs
 from teamtr.training.token_counts import pass_tokens
@@ -52,7 +53,7 @@ def budget_chunks(lengths: list[int], budget: int, max_messages: int = SCORE_CHU
 
 @dataclass
 class AdapterPolicy:
-    engine: EmbeddedEngine
+    engine: TrainableEngine
     adapter: str
     base: str
     params: dict[str, torch.nn.Parameter]

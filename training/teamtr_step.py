@@ -18,15 +18,15 @@ line to its equation, (A), (10), (11), (T) there:
 
 Which batch the step sees (fresh pi^(i-1), or the stale one of pi^0) is the schedule's choice, made by
 training/stage.py `run_stage`; diagnostics, logging and resume bookkeeping are training/llm_team.py's.
+The step's pieces by job: the objective (10) in training/penalised_objective.py, OPTIMISE + MONITOR of the
+probe check in training/probe_check.py and of the sampled check in training/sampled_check.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,17 +34,13 @@ import torch
 from teamtr.training.advantages import Advantages, advantages_for
 from teamtr.training.behaviour import require_on_policy
 from teamtr.training.certificate import CertificateTerm, update_term
-from teamtr.training.config import LossConfig, TrainConfig, TrustRegionConfig
-from teamtr.training.losses import (
-    KLEstimates,
-    Surrogate,
-    clipped_surrogate,
-    kl_estimates,
-    monitored_kl,
-    penalised_loss,
-)
-from teamtr.training.policy import AdapterPolicy, budget_chunks, message_lengths
+from teamtr.training.config import LossConfig, TrainConfig
+from teamtr.training.losses import KLEstimates, Surrogate, kl_estimates, monitored_kl
+from teamtr.training.penalised_objective import surrogate
+from teamtr.training.policy import AdapterPolicy
+from teamtr.training.probe_check import optimise_inside_region, probed_outcome
 from teamtr.training.rollouts import RoleMessages, RolloutBatch, Speakers, messages_of_role
+from teamtr.training.sampled_check import penalised_surrogate_epochs
 from teamtr.training.trust_region import (
     AttemptLog,
     AttemptResult,
@@ -52,7 +48,6 @@ from teamtr.training.trust_region import (
     RegionCheck,
     TrustRegionOutcome,
     enforce_trust_region,
-    next_beta,
 )
 from teamtr.training.vocab_kl import Side
 
@@ -224,302 +219,3 @@ def step_result(
     )
 
 
-def optimise_inside_region(
-    policy: AdapterPolicy,
-    msgs: RoleMessages,
-    old_logp: torch.Tensor,
-    cfg: TrainConfig,
-    beta: float,
-    region: ExactRegion,
-    seed: int,
-    on_epoch: Callable[[int, float], None] | None = None,
-) -> tuple[RegionCheck, int, str]:
-    """Inner epochs of -(eq. 10) with the region checked exactly after every optimiser step.
-
-    A step whose end is outside is line-searched back: theta_prev + 2^-h (theta_step - theta_prev),
-    h = 1..line_search_steps, the first inside is kept and the update ends (the boundary is reached);
-    none inside: theta_prev. A non-finite gradient ends the update before its step. Returns the check at
-    the kept weights, the optimiser steps kept and why the update ended."""
-    for group in policy.optimizer.param_groups:
-        group["lr"] = cfg.optim.lr
-    gen = torch.Generator().manual_seed(seed)
-    exact_penalty = cfg.trust_region.penalty_kl == "exact"
-    return steps_inside_region(
-        policy,
-        region,
-        lambda: torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages),
-        lambda idx: penalised_gradient(
-            policy, msgs.subset(idx), old_logp[idx], cfg, beta, region if exact_penalty else None, idx
-        ),
-        policy.optimizer,
-        cfg,
-        RegionCheck(0.0, 0.0, 0.0, cfg.trust_region.delta),  # at pi_cur
-        on_epoch,
-    )
-
-
-def steps_inside_region(
-    point: Any,
-    region: Any,
-    minibatches: Callable[[], Iterable[torch.Tensor]],
-    gradient: Callable[[torch.Tensor], torch.Tensor],
-    optimizer: Any,
-    cfg: TrainConfig,
-    inside: RegionCheck,
-    on_epoch: Callable[[int, float], None] | None = None,
-) -> tuple[RegionCheck, int, str]:
-    """The probe check's loop: `cfg.optim.epochs` epochs of `minibatches()`, each minibatch's `gradient(idx)`
-    (its norm before clipping returned) stepped by `optimizer`, `region.check()` after every step, a step
-    that would leave line-searched back (`line_search`) and the update ended there. `point` is what moves:
-    one role's `AdapterPolicy`, or every role's adapters at once (training/joint_step.py `JointPolicy`,
-    with its `TeamRegion`); `inside` is the check at pi_cur."""
-    tr = cfg.trust_region
-    steps = 0
-    origin = point.weights() if tr.extrapolate else None  # pi_cur's weights: the displacement's start
-    for epoch in range(1, cfg.optim.epochs + 1):
-        for idx in minibatches():
-            norm = gradient(idx)
-            if not bool(torch.isfinite(norm)):  # a NaN / inf gradient never reaches the weights or AdamW
-                optimizer.zero_grad(set_to_none=True)
-                return inside, steps, "non_finite"
-            before = point.weights()
-            optimizer.step()
-            check = region.check()
-            if point.agree(float(check.inside)) > 0.5:
-                inside, steps = check, steps + 1
-                continue
-            # MONITOR: the step would leave the region: the longest inside fraction of it, then stop
-            kept = line_search(point, region, before, inside, check, tr)
-            if kept is not None:
-                return kept, steps + 1, "boundary"
-            return inside, steps, "non_finite" if check.value != check.value else "boundary"
-        if on_epoch is not None:
-            on_epoch(epoch, inside.value)
-    scaled = extrapolate(point, region, origin, inside, tr) if origin is not None and steps else None
-    if scaled is not None:
-        return scaled, steps, "extrapolated"
-    return inside, steps, "epochs"
-
-
-def extrapolate(
-    point: Any, region: Any, origin: dict[Any, torch.Tensor], end: RegionCheck, tr: TrustRegionConfig
-) -> RegionCheck | None:
-    """theta_cur + s (theta_end - theta_cur), s = sqrt(line_search_target * delta / KL_end) at most
-    `extrapolate_max` (KL about quadratic in the displacement), repeated from the scaled point while s was
-    capped and that point is inside, at most `extrapolate_rounds` times (each round measured, so a KL
-    that grows faster than quadratic far along the line is caught); a scaled point outside is line-searched
-    back towards the last point inside. Returns the check at the point kept (its `scale`: the kept
-    displacement over the optimiser's), None (theta_end in place) when none beyond it is."""
-    unscaled = displacement_norm(point.weights(), origin)
-    kept: RegionCheck | None = None
-    for _ in range(tr.extrapolate_rounds):
-        if not end.value > 0:
-            break
-        scale = min(math.sqrt(tr.line_search_target * tr.delta / end.value), tr.extrapolate_max)
-        if scale <= 1.0:
-            break
-        finish = point.weights()
-        point.load_weights({k: origin[k] + scale * (finish[k] - origin[k]) for k in origin})
-        check = region.check()
-        if point.agree(float(check.inside)) <= 0.5:
-            searched = line_search(point, region, finish, end, check, tr)
-            kept = searched if searched is not None else kept  # None: `finish` (inside) is back in place
-            break
-        kept = end = check
-        if scale < tr.extrapolate_max:  # the predicted scale was reached: no further round
-            break
-    if kept is None:
-        return None
-    return replace(kept, scale=displacement_norm(point.weights(), origin) / unscaled if unscaled > 0 else 1.0)
-
-
-def displacement_norm(weights: dict[Any, torch.Tensor], origin: dict[Any, torch.Tensor]) -> float:
-    return math.sqrt(sum(float((weights[k].double() - origin[k].double()).pow(2).sum()) for k in origin))
-
-
-def line_search(
-    policy: Any,
-    region: Any,
-    before: dict[Any, torch.Tensor],
-    start: RegionCheck,
-    end: RegionCheck,
-    tr: TrustRegionConfig,
-) -> RegionCheck | None:
-    """theta_prev + a (theta_step - theta_prev) for the largest a in (0, 1) found inside the region, its
-    weights left in the adapter; None (theta_prev back in place) when no point tried is inside. `policy`:
-    an `AdapterPolicy`, or training/joint_step.py's `JointPolicy` (every adapter, one a) with its region.
-
-    `bracket`: a bracket [lo, hi] with lo inside (0 at first) and hi outside (1); the next a interpolates
-    sqrt(KL) between them (a KL about quadratic in the displacement makes sqrt(KL) about linear along the
-    line) towards line_search_target * delta, kept within [10%, 90%] of the bracket, and within its first
-    half until a point inside is found (so it closes in on the region at least as fast as halving where the
-    KL levels off along the line); an inside point raises lo, an outside one lowers hi; it stops at the first
-    inside point above 3/4 of the target or after line_search_steps points. `halving`: a = 1/2, 1/4, ...,
-    the first inside kept."""
-    stepped = policy.weights()
-
-    def move_to(a: float) -> None:  # theta_prev + a (theta_step - theta_prev)
-        policy.load_weights({k: before[k] + a * (stepped[k] - before[k]) for k in before})
-
-    target = tr.line_search_target * tr.delta
-    lo, hi, v_lo, v_hi = 0.0, 1.0, start.value, end.value
-    best: tuple[float, RegionCheck] | None = None
-    for h in range(1, tr.line_search_steps + 1):
-        if tr.line_search == "halving":
-            a = 0.5**h
-        elif math.isfinite(v_hi) and v_hi > v_lo:
-            frac = (math.sqrt(target) - math.sqrt(max(v_lo, 0.0))) / (math.sqrt(v_hi) - math.sqrt(max(v_lo, 0.0)))
-            a = lo + (hi - lo) * min(max(frac, 0.1), 0.9 if best is not None else 0.5)
-        else:  # a non-finite end (or a KL that did not grow): bisect
-            a = (lo + hi) / 2
-        move_to(a)
-        check = region.check()
-        if policy.agree(float(check.inside)) > 0.5:
-            best = (a, check)
-            if tr.line_search == "halving" or check.value >= 0.75 * target:
-                return check
-            lo, v_lo = a, check.value
-        else:
-            hi, v_hi = a, check.value
-    if best is None:
-        policy.load_weights(before)
-        return None
-    a, check = best
-    move_to(a)
-    return check
-
-
-def probed_outcome(
-    probed: tuple[RegionCheck, int, str],
-    policy: AdapterPolicy,
-    msgs: RoleMessages,
-    cfg: TrainConfig,
-    beta: float,
-) -> TrustRegionOutcome:
-    """The probe check's result in the trust region's record: accepted iff an optimiser step was kept."""
-    check, steps, stop = probed
-    tr = cfg.trust_region
-    moved = steps > 0
-    per_epoch = -(-len(msgs) // cfg.optim.minibatch_messages)  # optimiser steps in one epoch
-    epochs_run = -(-steps // per_epoch)
-    log = AttemptLog(
-        cfg.optim.lr, beta, check.value, epochs_run=epochs_run, early_stopped=stop != "epochs", inside=True
-    )
-    if not moved:
-        return TrustRegionOutcome(
-            accepted=False, d_hat=0.0, attempts=[log], beta_next=next_beta(beta, tr.delta * 2.0, tr)
-        )
-    with torch.no_grad():
-        new_logp = policy.logp(msgs, grad=False)
-    result = AttemptResult(
-        d_hat=check.value, epochs_run=epochs_run, early_stopped=stop != "epochs", new_logp=new_logp
-    )
-    return TrustRegionOutcome(
-        accepted=True,
-        d_hat=check.value,
-        accepted_attempt=result,
-        attempts=[log],
-        beta_next=next_beta(beta, check.value, tr),
-    )
-
-
-def penalised_surrogate_epochs(
-    policy: AdapterPolicy,
-    msgs: RoleMessages,
-    old_logp: torch.Tensor,
-    cfg: TrainConfig,
-    lr: float,
-    beta: float,
-    seed: int,
-    on_epoch: Callable[[int, float], None] | None = None,
-) -> AttemptResult:
-    """One attempt: inner epochs over minibatches of j's messages, early stop once d_hat exceeds delta.
-
-    After each epoch d_hat is measured on the whole batch at the epoch's final weights (one forward
-    pass): that decides early stopping, so it works with one minibatch too (an estimate taken before
-    each minibatch's step is 0 for the first one: it is measured at pi_cur). The last epoch's
-    measurement decides acceptance and comes back with log pi_new of the whole batch."""
-    tr = cfg.trust_region
-    for group in policy.optimizer.param_groups:
-        group["lr"] = lr
-    gen = torch.Generator().manual_seed(seed)
-    epochs_run, early_stopped = 0, False
-    for epoch in range(1, cfg.optim.epochs + 1):
-        for idx in torch.randperm(len(msgs), generator=gen).split(cfg.optim.minibatch_messages):
-            penalised_gradient(policy, msgs.subset(idx), old_logp[idx], cfg, beta)
-            policy.optimizer.step()
-        epochs_run = epoch
-        new_logp, d_hat = whole_batch_kl(policy, msgs, old_logp, cfg)  # one decision on every rank
-        if on_epoch is not None:
-            on_epoch(epoch, d_hat)
-        outside = not d_hat <= tr.delta  # a non-finite d_hat is outside
-        if tr.enabled and tr.early_stop and outside and epoch < cfg.optim.epochs:
-            early_stopped = True
-            break
-    return AttemptResult(d_hat=d_hat, epochs_run=epochs_run, early_stopped=early_stopped, new_logp=new_logp)
-
-
-def penalised_gradient(
-    policy: AdapterPolicy,
-    mb: RoleMessages,
-    old_logp: torch.Tensor,
-    cfg: TrainConfig,
-    beta: float,
-    region: ExactRegion | None = None,
-    index: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The clipped gradient of -(eq. 10) on one minibatch in the adapter's .grad; returns its norm before
-    clipping (non-finite when the loss or the gradient is). With `region` (penalty_kl = exact), d_hat is
-    the region's exact KL on the minibatch's contexts (`index`: their rows in the region's batch), not the
-    sampled tokens' estimate."""
-    tr = cfg.trust_region
-
-    def loss_of(new_logp: torch.Tensor) -> torch.Tensor:  # -(eq. 10); -L(w) alone if the exact d_hat follows
-        sur = surrogate(new_logp, old_logp, mb, cfg.loss)
-        if region is not None:
-            return -sur.objective
-        kl = kl_estimates(new_logp, old_logp, mb.mask, mb.weight)
-        return penalised_loss(sur, kl, beta, tr.estimator, tr.per_token)
-
-    policy.optimizer.zero_grad(set_to_none=True)
-    policy.loss_backward(mb, loss_of)  # one token-budget pass's activations at a time
-    if region is not None and index is not None:
-        # + beta d_hat, exact: this rank's share of the messages, one token-budget pass at a time (as the
-        # surrogate's), each weighted so that the passes' and the ranks' sum is the minibatch's mean
-        dp = policy.data_parallel
-        start, end = (0, len(index)) if dp is None else dp.shard(len(index))
-        lengths = message_lengths(mb.prompts[start:end], mb.completions[start:end])
-        for s, e in budget_chunks(lengths, policy.token_budget):
-            d_hat = region.penalty(index[start + s : start + e], policy.gradient_checkpointing)
-            if d_hat.requires_grad:
-                (beta * d_hat * (e - s) / len(index)).backward()
-    policy.sync_gradients()  # data parallel: summed over the ranks (training/distributed.py)
-    return torch.nn.utils.clip_grad_norm_(list(policy.params.values()), cfg.optim.max_grad_norm)
-
-
-def whole_batch_kl(
-    policy: AdapterPolicy, msgs: RoleMessages, old_logp: torch.Tensor, cfg: TrainConfig
-) -> tuple[torch.Tensor, float]:
-    """log pi_new of the whole batch and the monitored d_hat on it (eq. 11), agreed over ranks."""
-    tr = cfg.trust_region
-    with torch.no_grad():
-        new_logp = policy.logp(msgs, grad=False)
-        kl_all = kl_estimates(new_logp, old_logp, msgs.mask, msgs.weight)
-    return new_logp, policy.agree(float(monitored_kl(kl_all, tr.estimator, tr.per_token)))
-
-
-def surrogate(
-    new_logp: torch.Tensor, old_logp: torch.Tensor, msgs: RoleMessages, loss: LossConfig
-) -> Surrogate:
-    """The clipped surrogate of `loss.kind` on msgs (message-level ratio for message_ratio, per token otherwise)."""
-    return clipped_surrogate(
-        new_logp,
-        old_logp,
-        msgs.mask,
-        msgs.adv,
-        clip_eps=loss.clip_eps,
-        clip_eps_high=float(loss.clip_eps_high),
-        message_ratio=loss.message_ratio,
-        token_level_aggregation=loss.token_level_aggregation,
-        weight=msgs.weight,
-    )

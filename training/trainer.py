@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.graphs.capture import describe_error
+from teamtr.graphs.engine import Engine, TrainableEngine
 from teamtr.graphs.roles import Role
 from teamtr.graphs.run_layout import METRICS_FILE, read_metrics
 from teamtr.graphs.spec import build_team
@@ -81,7 +81,10 @@ class Trainer:
     """`Trainer(cfg).train()`: a whole run in cfg.run_dir, resumed from its checkpoint if there is one."""
 
     def __init__(
-        self, cfg: TrainConfig, progress: TrainingProgress | None = None, engine: EmbeddedEngine | None = None
+        self,
+        cfg: TrainConfig,
+        progress: TrainingProgress | None = None,
+        engine: TrainableEngine | None = None,
     ):
         self.cfg = cfg
         self.progress = progress or TrainingProgress()
@@ -127,8 +130,8 @@ class Trainer:
         run: RunDir,
         roles: list[Role],
         task: TaskFamily,
-        engine: EmbeddedEngine,
-        rollout_engine: EmbeddedEngine | VLLMRollouts,
+        engine: TrainableEngine,
+        rollout_engine: Engine,
     ) -> dict[str, Any]:
         cfg = self.cfg
         dp = self.dp
@@ -140,7 +143,7 @@ class Trainer:
         if ckpt is not None:
             if main:
                 metrics.truncate_to_bytes(ckpt.state["metrics_bytes"])  # drop what followed the checkpoint
-            state = RunState.from_checkpoint(ckpt.state["run"])
+            state = RunState(**ckpt.state["run"])
         team = self.stage_team(
             cfg,
             engine,
@@ -239,7 +242,7 @@ class Trainer:
         return self.best.stage
 
     def _stage_evaluation(
-        self, roles: list[Role], engine: EmbeddedEngine, task: TaskFamily
+        self, roles: list[Role], engine: TrainableEngine, task: TaskFamily
     ) -> Callable[[str], dict[str, Any]]:
         """label -> held-out return on the same eval.stage_episodes tasks every time (greedy by default)."""
         cfg = self.cfg

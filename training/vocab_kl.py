@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.engines.embedded_scoring import (
     LOGIT_CHUNK_BYTES,
     CompletionStates,
@@ -28,6 +27,7 @@ from teamtr.engines.embedded_scoring import (
     in_chunks,
     position_chunk,
 )
+from teamtr.graphs.engine import TrainableEngine
 
 # the KL holds several [chunk, V] float32 tensors at once (two log-softmaxes, their exps, differences)
 KL_CHUNK_BYTES = LOGIT_CHUNK_BYTES // 4
@@ -37,7 +37,7 @@ KL_CHUNK_BYTES = LOGIT_CHUNK_BYTES // 4
 class Side:
     """One model in the divergence: a base of the engine with an adapter (None = the base itself)."""
 
-    engine: EmbeddedEngine
+    engine: TrainableEngine
     base: str
     adapter: str | None
 

@@ -24,17 +24,12 @@ from langgraph.types import Send
 
 from teamtr.engines.embedded import EmbeddedEngine
 from teamtr.engines.random_adapters import randomise_adapters
-from teamtr.graphs.capture import (
-    EpisodeLimitError,
-    ForeignModelWarning,
-    GraphTeam,
-    RewardError,
-    derive_seed,
-    run_episode,
-)
+from teamtr.graphs.capture import EpisodeLimitError, GraphTeam, RewardError, run_episode
+from teamtr.graphs.capture_callback import ForeignModelWarning
 from teamtr.graphs.engine import Engine, Generation, SamplingParams
 from teamtr.graphs.role_models import RoleModels, UnknownRoleError
 from teamtr.graphs.roles import Role
+from teamtr.graphs.seeds import derive_seed
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team, TeamError, load_router
 

@@ -24,7 +24,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import BaseModel, Field
 
-from teamtr.graphs.capture import ForeignModelWarning, run_episode
+from teamtr.graphs.capture import run_episode
+from teamtr.graphs.capture_callback import ForeignModelWarning
 from teamtr.graphs.chat_format import render_prompt, template_traits
 from teamtr.graphs.chat_model import EngineChatModel, turn_from_reply
 from teamtr.graphs.engine import SamplingParams

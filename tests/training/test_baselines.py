@@ -16,7 +16,6 @@ import yaml
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.training.config import TrainConfig
 from teamtr.training.dynamic_sampling import groups_with_spread, refilled_episodes
-from teamtr.training.llm_team import RunState
 from tests.training.test_trainer import small_config, stage_team, train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -39,11 +38,6 @@ def test_ppo_without_a_value_function_is_named_for_what_it_is():
     with pytest.raises(ValueError, match="ppo_batch_baseline"):
         TrainConfig.from_dict({"loss": {"kind": "ppo"}})
     assert TrainConfig.from_dict({"loss": {"kind": "ppo_batch_baseline"}}).loss.message_ratio is False
-
-
-def test_an_old_checkpoints_monitor_tokens_are_read_as_heldout_tokens():
-    """`monitor` named both the enforced step and the held-out KL (the configs' old names are gone)."""
-    assert RunState.from_checkpoint({"step": 2, "monitor_tokens": 5}).heldout_tokens == 5  # old checkpoints
 
 
 def test_naive_example_is_the_teamtr_example_but_for_the_schedule():

@@ -1,4 +1,4 @@
-"""The enforced trust region (trust_region.check = probe, training/teamtr_step.py `optimise_inside_region`)
+"""The enforced trust region (trust_region.check = probe, training/probe_check.py `optimise_inside_region`)
 and the evidence rules around it: the line search never keeps an iterate beyond delta on its probe (checked
 here by a brute-force vocabulary KL computed independently), a non-finite step is refused bit for bit, rloo
 advantages by hand, too little signal skips the update, eval.keep_best undoes a stage that validated
@@ -17,10 +17,10 @@ from teamtr.engines.embedded_scoring import enable_body_checkpointing
 from teamtr.engines.random_adapters import randomise_adapters
 from teamtr.graphs.run_layout import read_metrics, versions_after_stage
 from teamtr.training.advantages import advantages_for, group_normalised_advantages
+from teamtr.training.penalised_objective import penalised_gradient
 from teamtr.training.rollouts import messages_of_role
 from teamtr.training.stage import UpdateContext
 from teamtr.training.stage_safety import BestStage
-from teamtr.training.teamtr_step import penalised_gradient
 from teamtr.training.trust_region import ExactRegion
 from teamtr.training.vocab_kl import Side
 from tests.training.test_trainer import (  # importing it registers the trainer tests' task
@@ -230,7 +230,7 @@ def test_keep_best_undoes_a_stage_below_the_best_beyond_noise(tiny_model, tmp_pa
 
 
 class _LinePolicy:
-    """One weight moved along a line, for the line search alone (training/teamtr_step.py `line_search`)."""
+    """One weight moved along a line, for the line search alone (training/probe_check.py `line_search`)."""
 
     def __init__(self, w: float) -> None:
         self.w = {"w": torch.tensor(w, dtype=torch.float64)}
@@ -259,7 +259,7 @@ class _LineRegion:
 @pytest.mark.parametrize("search", ["bracket", "halving"])
 def test_the_bracket_finds_an_inside_point_wherever_halving_does(search):
     from teamtr.training.config import TrustRegionConfig
-    from teamtr.training.teamtr_step import line_search
+    from teamtr.training.probe_check import line_search
     from teamtr.training.trust_region import RegionCheck
 
     delta = 0.05
@@ -299,7 +299,7 @@ def test_the_exact_penalty_is_the_region_s_kl_and_its_gradient_pulls_the_adapter
     # a subset: the mean of those messages' own KLs
     some = every[::2]
     assert float(region.penalty(some).detach()) == pytest.approx(float(region.per_message("batch")[some].mean()), rel=1e-5)
-    # in eq. 10's gradient (teamtr_step.penalised_gradient): one pass, or one pass per message (a token
+    # in eq. 10's gradient (penalised_objective.penalised_gradient): one pass, or one pass per message (a token
     # budget of 1), the same gradient
     msgs = messages_of_role(batch, "adder1", advantages_for(batch.rewards, batch.groups, cfg.loss))
     assert (msgs.prompts, msgs.completions) == contexts
