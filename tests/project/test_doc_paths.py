@@ -18,7 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-AREAS = ("graphs", "evals", "serving", "training", "cli", "tests", "benchmarks", "examples", "docs", "scripts")
+AREAS = (
+    "graphs", "tasks", "engines", "client", "serving", "training", "theory", "evals", "improve", "cli",
+    "tests", "benchmarks", "examples", "docs", "scripts",
+)
 EXTENSIONS = "py|md|yaml|yml|sh|json|jsonl|toml|txt"
 
 # a path inside the repository: starts with an area, ends with a file name (a `*` makes it a pattern)
