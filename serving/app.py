@@ -50,6 +50,7 @@ from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.service import CONVERSATION_HEADER, TIMEOUT_HEADER, ChatCompletionService
 from teamtr.serving.settings import ServeSettings, TeamPolicy
 from teamtr.serving.shutdown import CancelledAnswer
+from teamtr.serving.threads import ConversationThreads
 from teamtr.serving.tracing import TeamTracer
 
 __all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what serving/server.py builds from
@@ -81,8 +82,9 @@ def create_app(
         for name, t in teams.items()
     }
     conversations = conversations or Conversations(settings.max_conversations)
-    runner = ServedEpisodeRunner(registry, tracer, conversations, on_trajectory)
-    service = ChatCompletionService(served, registry, tracer, settings, runner, conversations)
+    threads = ConversationThreads(conversations)
+    runner = ServedEpisodeRunner(registry, tracer, threads, on_trajectory)
+    service = ChatCompletionService(served, registry, tracer, settings, runner, threads)
 
     protect = settings.protect_pages
     app = FastAPI(

@@ -6,7 +6,7 @@ The user's last message is the task; earlier messages of the request are context
 text as `<role>: <content>` lines (a Team sees one task string); a user graph (graphs/user_graph.py)
 whose input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Every
 request runs on a thread, its conversation id (the one it names, else its completion id): the graph
-continues the thread's checkpointed state (serving/conversations.py, docs/serving.md "Threads"), and
+continues the thread's checkpointed state (serving/threads.py, docs/serving.md "Threads"), and
 only the messages new to the thread go in (a client resending the whole conversation is recognised by
 the digests of the messages it has seen). Requests on one thread take turns. Sampling fields
 apply to every role under the team's pins (serving/sampling.py); `n` runs n episodes, one choice each;
@@ -54,8 +54,7 @@ from teamtr.client.protocol import (
 from teamtr.graphs.capture import describe_error
 from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.chat_messages import chat_messages, digests, known_in_thread, task_text, usage_of
-from teamtr.serving.conversations import ConversationStore, message_digest
+from teamtr.serving.chat_messages import chat_messages, task_text, usage_of
 from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
 from teamtr.serving.errors import APIError, log
 from teamtr.serving.exploration import ExplorationDraw
@@ -64,6 +63,7 @@ from teamtr.serving.metrics import ServingMetrics
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.sampling import TeamVariants, described, refuse_fully_pinned, request_overrides
 from teamtr.serving.settings import ServeSettings
+from teamtr.serving.threads import ConversationThreads
 from teamtr.serving.token_stream import AnswerStream, final_turn_index
 from teamtr.serving.tracing import TeamTracer
 
@@ -115,10 +115,10 @@ class ChatCompletionService:
         tracer: TeamTracer | None,
         settings: ServeSettings,
         runner: ServedEpisodeRunner,
-        conversations: ConversationStore,
+        threads: ConversationThreads,
     ) -> None:
         self.teams, self.registry, self.tracer, self.settings = teams, registry, tracer, settings
-        self.runner, self.conversations = runner, conversations
+        self.runner, self.threads = runner, threads
         self.gates = {
             name: AdmissionGate(name, settings.policy(name).max_in_flight, settings.policy(name).max_waiting)
             for name in teams
@@ -192,8 +192,7 @@ class ChatCompletionService:
         given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
         known = 0
         if given:  # a thread: its state holds what came before (an unknown id starts a new thread)
-            self._check_owner(given[:256], owner)
-            known = known_in_thread(request.messages, self.conversations.seen(given[:256]))
+            known = self.threads.known_messages(given[:256], request.messages, owner)
         new_messages = request.messages[known:]
         task = task_text(new_messages)
         tokenizer = self.registry.engine.tokenizer(team.team.roles[0].base_model)
@@ -223,23 +222,6 @@ class ChatCompletionService:
             known=known,
             owner=owner,
         )
-
-    def _check_owner(self, conversation_id: str, owner: str | None, must_exist: bool = False) -> None:
-        """404, as for an unknown id, when the conversation is another key's (or unknown, if it
-        `must_exist`: feedback; a chat request with an unknown id starts that thread)."""
-        try:
-            theirs = self.conversations.owner(conversation_id)
-        except KeyError:
-            if not must_exist:
-                return
-            theirs = None if owner else ""  # differs from any owner
-        if theirs != owner:
-            raise APIError(
-                404,
-                f"unknown conversation id {conversation_id!r}",
-                param="conversation_id",
-                code="conversation_not_found",
-            )
 
     def _timeout(self, field_value: float | None, header: str | None) -> float:
         limit = self.settings.request_timeout_s
@@ -291,11 +273,7 @@ class ChatCompletionService:
         return self._response(c, results)
 
     async def _run_all(self, c: Completion) -> list[EpisodeResult]:
-        async with self.conversations.thread_lock(c.conversation_id):
-            self._check_owner(c.conversation_id, c.owner)  # a request of another key may have created it
-            # choice 0 continues the thread; the others see it from a copy and add nothing to it
-            savers = [await self.conversations.saver()]
-            savers += [await self.conversations.fork(c.conversation_id) for _ in range(1, c.n)]
+        async with self.threads.continued(c.conversation_id, c.owner, c.n) as savers:
             async with asyncio.TaskGroup() as group:  # one episode failing cancels the others
                 tasks = [group.create_task(self._run(c, i, savers[i])) for i in range(c.n)]
         return [t.result() for t in tasks]
@@ -306,9 +284,8 @@ class ChatCompletionService:
         on_turn: Callable[[TurnInfo], None] | None,
         on_token: Callable[[int, str, str], None],
     ) -> EpisodeResult:
-        async with self.conversations.thread_lock(c.conversation_id):
-            self._check_owner(c.conversation_id, c.owner)
-            return await self._run(c, 0, await self.conversations.saver(), on_turn, on_token)
+        async with self.threads.continued(c.conversation_id, c.owner) as (saver,):
+            return await self._run(c, 0, saver, on_turn, on_token)
 
     def _response(self, c: Completion, results: list[EpisodeResult]) -> ChatCompletionResponse:
         first = results[0]
@@ -459,8 +436,8 @@ class ChatCompletionService:
             owner=c.owner,
         )
         if index == 0:  # the thread continues from choice 0's answer; committed before it is answered
-            answer = message_digest("assistant", None, result.trajectory.final_answer or "")
-            await self.conversations.add_seen(c.conversation_id, [*digests(c.new_messages), answer], c.known)
+            answer = result.trajectory.final_answer or ""
+            await self.threads.record_answer(c.conversation_id, c.new_messages, answer, c.known)
         self.metrics.episode_seconds.labels(team).observe(result.seconds)
         self.gates[team].observe_episode(result.seconds)
         return result
@@ -483,7 +460,7 @@ class ChatCompletionService:
 
     def feedback(self, body: FeedbackRequest, owner: str | None = None) -> FeedbackResponse:
         """A reward from the conversation's owner, within the server's declared reward range."""
-        self._check_owner(body.conversation_id, owner, must_exist=True)
+        self.threads.check_owner(body.conversation_id, owner, must_exist=True)
         low, high = self.settings.reward_range
         if not low <= body.reward <= high:
             raise APIError(
@@ -500,7 +477,7 @@ class ChatCompletionService:
         return FeedbackResponse(
             conversation_id=body.conversation_id,
             reward=body.reward,
-            episodes=self.conversations.episodes(body.conversation_id),
+            episodes=self.threads.episodes(body.conversation_id),
         )
 
     def health(self) -> HealthResponse:

@@ -27,8 +27,8 @@ from serve_process import start_serve, wait_healthy
 from serving_fixtures import make_run_dir, write_versions
 
 from teamtr.engines.vllm_server import free_port
-from teamtr.serving.conversations import message_digest
 from teamtr.serving.served_episodes import served_episodes
+from teamtr.serving.threads import message_digest
 from teamtr.serving.tracing import trajectories_from_store
 
 ADMIN = {"Authorization": "Bearer adm"}

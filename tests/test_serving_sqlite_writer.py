@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from teamtr.serving.conversations import Conversations, message_digest
+from teamtr.serving.conversations import Conversations
 from teamtr.serving.sqlite_writer import BackgroundWriter
+from teamtr.serving.threads import message_digest
 
 
 def test_queued_writes_share_a_commit_and_readers_see_them(tmp_path):

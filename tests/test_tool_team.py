@@ -22,7 +22,8 @@ from test_user_graphs import ROOT, example_config, train
 from transformers import AutoTokenizer
 
 from teamtr.graphs.capture import ForeignModelWarning
-from teamtr.serving.conversations import thread_config, threads_path
+from teamtr.serving.conversations import threads_path
+from teamtr.serving.threads import thread_config
 from teamtr.serving.tracing import trajectories_from_store
 
 QUESTIONS = ["2+3+4+5", "6+1+1+7", "9+9+2+1", "4+4+4+4"]
