@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from teamtr.client.admin_client import AdminClient
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.graphs.run_layout import append_record
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.improve.canary import CanaryConfig, decide, paired_by_prompt, tally

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.pg_store import is_database_url
 from teamtr.serving.span_reader import StoredSpan, episode_spans, feedback_spans, stored_spans

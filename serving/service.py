@@ -10,36 +10,31 @@ continues the thread's checkpointed state (serving/threads.py, docs/serving.md "
 only the messages new to the thread go in (a client resending the whole conversation is recognised by
 the digests of the messages it has seen). Requests on one thread take turns. Sampling fields
 apply to every role under the team's pins (serving/sampling.py); `n` runs n episodes, one choice each;
-`seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
-client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
+`seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits
+(serving/limits.py), the deadline and a client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
 place in the team's queue are released.
 
 Validation, the unstreamed response and the token stream share one `Completion` and its admission and
-deadline; which streamed tokens are the answer lives in serving/token_stream.py, what the messages
-become (task text, digests, LangChain messages, usage) in serving/chat_messages.py.
+deadline. Beside this module, one job each: the request's limits and deadline (serving/completion.py),
+its thread (serving/threads.py), the stream of server-sent events (serving/chat_stream.py), which
+streamed tokens are the answer (serving/token_stream.py), what the messages become (task text, LangChain
+messages, usage: serving/chat_messages.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from teamtr.client.protocol import (
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessage,
     Choice,
     ChoiceInfo,
-    ChunkChoice,
-    Delta,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
@@ -47,16 +42,14 @@ from teamtr.client.protocol import (
     ModelList,
     ResponseMessage,
     TeamInfo,
-    TokenPiece,
     TurnInfo,
-    error_body,
 )
-from teamtr.graphs.capture import describe_error
-from teamtr.graphs.engine import SamplingParams
-from teamtr.graphs.team import Team, derive_seed
+from teamtr.graphs.team import derive_seed
 from teamtr.serving.chat_messages import chat_messages, task_text, usage_of
+from teamtr.serving.chat_stream import event_stream
+from teamtr.serving.completion import Completion, checked_n, deadline_error, request_timeout
 from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
-from teamtr.serving.errors import APIError, log
+from teamtr.serving.errors import APIError
 from teamtr.serving.exploration import ExplorationDraw
 from teamtr.serving.limits import AdmissionGate, RateLimiter
 from teamtr.serving.metrics import ServingMetrics
@@ -64,47 +57,10 @@ from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.sampling import TeamVariants, described, refuse_fully_pinned, request_overrides
 from teamtr.serving.settings import ServeSettings
 from teamtr.serving.threads import ConversationThreads
-from teamtr.serving.token_stream import AnswerStream, final_turn_index
 from teamtr.serving.tracing import TeamTracer
 
-CONVERSATION_HEADER = "X-Conversation-Id"
-TIMEOUT_HEADER = "X-Request-Timeout"
 T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[None]]  # returns when the client has gone away
-
-
-def deadline_error(timeout_s: float) -> APIError:
-    return APIError(
-        408,
-        f"the request's deadline ({timeout_s:g} s) passed before the team answered; its episodes were "
-        "cancelled",
-        "timeout_error",
-        param="timeout",
-        code="deadline_exceeded",
-    )
-
-
-@dataclass
-class Completion:
-    """A validated request, ready to run: its team (and the variant with its sampling), task and ids."""
-
-    request: ChatCompletionRequest
-    team: ServedTeam
-    task: str
-    completion_id: str
-    conversation_id: str
-    graph: Team | None = None  # the team variant sampling as asked (None: the team as served)
-    sampling: dict[str, SamplingParams] = field(default_factory=dict)
-    asked: dict[str, Any] = field(default_factory=dict)  # the sampling fields the request set
-    n: int = 1
-    timeout_s: float = 600.0
-    arrived: float = field(default_factory=time.monotonic)
-    new_messages: list[ChatMessage] = field(default_factory=list)  # what this request adds to its thread
-    known: int = 0  # how many of the request's messages the thread had (the seen digests after them go)
-    owner: str | None = None  # the caller's key digest (serving/auth.py key_owner); None: an open API
-
-    def remaining(self) -> float:
-        return self.timeout_s - (time.monotonic() - self.arrived)
 
 
 class ChatCompletionService:
@@ -161,31 +117,9 @@ class ChatCompletionService:
                 param="model",
                 code="model_not_found",
             )
-        if (
-            request.max_tokens is not None
-            and request.max_completion_tokens is not None
-            and request.max_tokens != request.max_completion_tokens
-        ):
-            raise APIError(
-                400,
-                "max_tokens and max_completion_tokens disagree; send one of them",
-                param="max_completion_tokens",
-            )
-        cap = request.turn_token_cap()
-        if cap is not None and cap > self.settings.max_tokens_limit:
-            raise APIError(
-                400,
-                f"max_tokens {cap} is over this server's limit {self.settings.max_tokens_limit}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        n = request.n or 1
-        if n > self.settings.max_n:
-            raise APIError(400, f"n = {n} is over this server's limit {self.settings.max_n}", param="n")
-        if n > 1 and request.stream:
-            raise APIError(400, "n > 1 is not supported with stream: true", param="n")
+        n = checked_n(request, self.settings)
         self.gates[request.model].check(n)
-        timeout_s = self._timeout(request.timeout, timeout_header)
+        timeout_s = request_timeout(request.timeout, timeout_header, self.settings.request_timeout_s)
         variants = self.variants[request.model]
         asked = request_overrides(request)
         refuse_fully_pinned(team.team, variants.pinned, asked)
@@ -222,23 +156,6 @@ class ChatCompletionService:
             known=known,
             owner=owner,
         )
-
-    def _timeout(self, field_value: float | None, header: str | None) -> float:
-        limit = self.settings.request_timeout_s
-        asked, param = field_value, "timeout"
-        if asked is None and header is not None:
-            param = TIMEOUT_HEADER
-            try:
-                asked = float(header)
-            except ValueError:
-                asked = -1.0
-            if not 0 < asked < float("inf"):
-                raise APIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds", param=param)
-        if asked is None:
-            return limit
-        if asked > limit:
-            raise APIError(400, f"{param} {asked:g} s is over this server's limit {limit:g} s", param=param)
-        return asked
 
     async def _bounded(self, c: Completion, work: Coroutine[Any, Any, T], disconnected: Disconnected) -> T:
         """Run `work` until it ends, the deadline passes (408) or the client goes away (its task is
@@ -316,90 +233,15 @@ class ChatCompletionService:
             ),
         )
 
-    async def stream(self, c: Completion) -> AsyncIterator[str]:
-        """Server-sent events: the role chunk; the answer's content deltas as its tokens are decoded (which
-        turn is the answer: serving/token_stream.py); with include_turns, each turn's text pieces as they
-        are decoded and each turn as it ends, and the answer's deltas after the last turn's chunk; the
-        finish chunk, usage (if asked), [DONE]. An error after the
-        headers went out is reported in-band. The request's places in the queue (taken by `admit`) are
-        released when the stream ends."""
-        options = c.request.stream_options
-        include_turns = options is not None and options.include_turns
-        events: asyncio.Queue[TurnInfo | TokenPiece] = asyncio.Queue()
-        answer = AnswerStream(
-            final_turn_index(c.graph or c.team.team),
-            {role: p.stop for role, p in c.sampling.items()},
-            c.team.answer_role,
+    def stream(self, c: Completion) -> AsyncIterator[str]:
+        """The request's server-sent events (serving/chat_stream.py); the request's places in the queue
+        (taken by `admit`) are released when the stream ends."""
+        return event_stream(
+            c,
+            lambda on_turn, on_token: self._run_streamed(c, on_turn, on_token),
+            lambda: self.release(c),
+            self.metrics.first_content_seconds.labels(c.request.model).observe,
         )
-        episode: asyncio.Task | None = None
-        first_content = True
-        held: list[str] = []  # with include_turns: the answer's pieces, sent once every turn chunk is out
-
-        def chunk(**kwargs: Any) -> str:
-            body = ChatCompletionChunk(id=c.completion_id, model=c.request.model, **kwargs)
-            return f"data: {json.dumps(body.model_dump(exclude_none=True))}\n\n"
-
-        def content(text: str) -> str:
-            nonlocal first_content
-            if first_content:
-                first_content = False
-                self.metrics.first_content_seconds.labels(c.request.model).observe(
-                    time.monotonic() - c.arrived
-                )
-            return chunk(choices=[ChunkChoice(delta=Delta(content=text))])
-
-        def on_token(index: int, role: str, text: str) -> None:
-            events.put_nowait(TokenPiece(index=index, role=role, text=text))
-
-        try:
-            on_turn = events.put_nowait if include_turns else None
-            episode = asyncio.create_task(self._run_streamed(c, on_turn, on_token))
-            yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
-            while not episode.done() or not events.empty():
-                getter = asyncio.ensure_future(events.get())
-                await asyncio.wait(
-                    {getter, episode}, timeout=max(0.0, c.remaining()), return_when=asyncio.FIRST_COMPLETED
-                )
-                if not getter.done():
-                    getter.cancel()
-                    if not episode.done():
-                        raise deadline_error(c.timeout_s)
-                    continue
-                event = getter.result()
-                if isinstance(event, TurnInfo):
-                    yield chunk(choices=[], teamtr_turn=event)
-                    continue
-                if include_turns:
-                    yield chunk(choices=[], teamtr_token=event)
-                new = answer.piece(event.index, event.role, event.text)
-                if new and include_turns:  # the turn chunks come first, so the answer waits for the last
-                    held.append(new)
-                elif new:
-                    yield content(new)
-            result = episode.result()
-        except Exception as e:  # headers are gone: report in-band, as OpenAI does, then end the stream
-            if isinstance(e, APIError):
-                body = error_body(e.message, e.type, e.param, e.code)
-            else:
-                log.error("stream of %s failed: %s", c.completion_id, describe_error(e), exc_info=e)
-                body = error_body(f"internal error: {describe_error(e)}", "server_error")
-            yield f"data: {json.dumps(body)}\n\n"
-            yield "data: [DONE]\n\n"
-            return
-        finally:
-            if episode is not None and not episode.done():  # the client went away, or the deadline
-                episode.cancel()
-                await asyncio.gather(episode, return_exceptions=True)
-            self.release(c)
-        for piece in held:
-            yield content(piece)
-        rest = answer.finish(result.trajectory.final_answer or "")
-        if rest or first_content:
-            yield content(rest)
-        yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=result.finish_reason)])
-        if options is not None and options.include_usage:
-            yield chunk(choices=[], usage=usage_of(result.trajectory))
-        yield "data: [DONE]\n\n"
 
     async def _run(
         self,
