@@ -178,7 +178,6 @@ class ImproveLoop:
             "training": self.train_step,
             "gating": self.gate_step,
             "loading": self.load_step,
-            "staging": self.load_step,  # the phase's name in states saved before the rename
             "canary": self.canary_step,
             "deciding": self.decide_step,
         }

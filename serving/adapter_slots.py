@@ -72,7 +72,7 @@ class AdapterSlots:
         self._admin = asyncio.Lock()  # one promotion / rollback at a time
         # per adapter, for /metrics (serving/metrics.py): versions promoted over a live one, pushes
         # refused, rollbacks done
-        self.swaps: Counter[str] = Counter()
+        self.version_promotions: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.rollbacks: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()  # on candidates: promoted | rolled_back | abandoned | ...

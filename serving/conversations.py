@@ -141,10 +141,6 @@ class Conversations(ConversationStore):
         )
         try:
             self._db.executescript(SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
-            if "owner" not in columns:  # a store written before conversations had owners: nobody's
-                self._db.execute("ALTER TABLE conversations ADD COLUMN owner TEXT")
-                self._db.commit()
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
             self._db.close()
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None

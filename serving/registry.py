@@ -81,7 +81,7 @@ class AdapterRegistry(RegistryCandidates):
             slot.promoted.append(entry.version)  # the switch: new episodes pin this version from now on
             self._note_team()
             if previous is not None:
-                self.swaps[adapter] += 1
+                self.version_promotions[adapter] += 1
                 await self._unload_if_idle(previous)
             return entry
 

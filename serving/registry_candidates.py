@@ -99,7 +99,7 @@ class RegistryCandidates(RegistryLog):
             self.promotions.append(dict(candidate.versions))
             self._note_team()
             for adapter in candidate.versions:
-                self.swaps[adapter] += 1
+                self.version_promotions[adapter] += 1
             for v in previous:
                 await self._unload_if_idle(v)
             return dict(candidate.versions)
