@@ -1,6 +1,6 @@
 """A small typed HTTP client of a running server's /admin endpoints (the `teamtr adapters` commands use it).
 
-The endpoints and their bodies are client/protocol.py's; the server side is serving/admin.py.
+The endpoints' bodies are client/admin_protocol.py's; the server side is serving/admin.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from teamtr.client.protocol import (
+from teamtr.client.admin_protocol import (
     AdapterListResponse,
     AdapterVersionInfo,
     CandidateDecision,

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.improve.data import RewardFn
 from teamtr.improve.stats import Bound, canary_bounds, canary_crossings, test_name
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.graphs.loading import load_function
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.graphs.trajectory import prompt_group

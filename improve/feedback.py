@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from teamtr.client.protocol import EXPLORATION_KEY
+from teamtr.client.admin_protocol import EXPLORATION_KEY
 from teamtr.graphs.trajectory import Trajectory, Turn, save_jsonl
 from teamtr.improve.data import ImproveDataError
 from teamtr.training.behaviour import require_on_policy

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from teamtr.client.admin_client import AdminClient
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.graphs.run_layout import append_record
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.improve.canary import CanaryConfig, decide, paired_by_prompt, tally
@@ -178,7 +178,6 @@ class ImproveLoop:
             "training": self.train_step,
             "gating": self.gate_step,
             "loading": self.load_step,
-            "staging": self.load_step,  # the phase's name in states saved before the rename
             "canary": self.canary_step,
             "deciding": self.decide_step,
         }

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from teamtr.client.admin_client import AdminRequestError, ServerUnreachableError
-from teamtr.client.protocol import ImproveReport
+from teamtr.client.admin_protocol import ImproveReport
 from teamtr.graphs.run_layout import append_record
 from teamtr.improve.data import ImproveDataError
 from teamtr.improve.loop import LOG_FILE, ImproveLoop

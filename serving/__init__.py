@@ -1,1 +1,2 @@
-"""Engines (embedded transformers+peft; vLLM), adapter registry with hot-swap, the team chat API, tracing."""
+"""The team chat API: adapter registry with hot-loaded versions, conversations and their threads, tracing
+and the span store, the admin API (the engines it serves on: engines/)."""

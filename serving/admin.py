@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, Query
 
-from teamtr.client.protocol import (
+from teamtr.client.admin_protocol import (
     AdapterListResponse,
     AdapterPushRequest,
     AdapterRollbackRequest,

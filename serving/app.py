@@ -41,15 +41,17 @@ from teamtr.serving.adapter_paths import AdapterRoots
 from teamtr.serving.admin import admin_router
 from teamtr.serving.auth import admin_key_check, api_key_check, key_owner, pages_key_check
 from teamtr.serving.body_limit import BodyLimit
+from teamtr.serving.completion import CONVERSATION_HEADER, TIMEOUT_HEADER
 from teamtr.serving.conversations import Conversations, ConversationStore
 from teamtr.serving.episodes import ServedEpisodeRunner, ServedTeam, registered_adapters
 from teamtr.serving.errors import ERROR_RESPONSES, install_error_handlers
 from teamtr.serving.health import not_ready_reasons
 from teamtr.serving.metrics import CONTENT_TYPE, TEAM_STATE_KEY, RequestMetrics
 from teamtr.serving.registry import AdapterRegistry
-from teamtr.serving.service import CONVERSATION_HEADER, TIMEOUT_HEADER, ChatCompletionService
+from teamtr.serving.service import ChatCompletionService
 from teamtr.serving.settings import ServeSettings, TeamPolicy
 from teamtr.serving.shutdown import CancelledAnswer
+from teamtr.serving.threads import ConversationThreads
 from teamtr.serving.tracing import TeamTracer
 
 __all__ = ["ServeSettings", "ServedTeam", "TeamPolicy", "create_app"]  # what serving/server.py builds from
@@ -81,8 +83,9 @@ def create_app(
         for name, t in teams.items()
     }
     conversations = conversations or Conversations(settings.max_conversations)
-    runner = ServedEpisodeRunner(registry, tracer, conversations, on_trajectory)
-    service = ChatCompletionService(served, registry, tracer, settings, runner, conversations)
+    threads = ConversationThreads(conversations)
+    runner = ServedEpisodeRunner(registry, tracer, threads, on_trajectory)
+    service = ChatCompletionService(served, registry, tracer, settings, runner, threads)
 
     protect = settings.protect_pages
     app = FastAPI(

@@ -19,13 +19,13 @@ by a background thread, batched across requests (serving/sqlite_writer.py), and 
 waits for its commit: what a client was answered survives a kill, so its resent history is recognised.
 
 Each conversation records its owner (serving/auth.py `key_owner`, a digest of the key that created it;
-None on an open chat API): serving/service.py shows a conversation to its owner only.
+None on an open chat API). What a request reads from and records in its thread (owner checks, seen
+digests, copies of the state): serving/threads.py, the one owner of a request's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sqlite3
 import threading
 import time
@@ -72,21 +72,12 @@ class ConversationStoreError(RuntimeError):
     """The conversation store's file cannot be read; it is left exactly as it was."""
 
 
-def message_digest(role: str, name: str | None, content: str) -> str:
-    """A chat message's fingerprint: the same message resent gives the same digest."""
-    return hashlib.blake2b(repr((role, name, content)).encode(), digest_size=16).hexdigest()
-
-
-def thread_config(thread_id: str) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-
-
 class ConversationStore:
     """What the service and the episode runner need of a conversation store, whatever holds it: this
     module's SQLite `Conversations` (one server), or serving/pg_conversations.py's PostgreSQL one (several
     replicas sharing the conversations). A backend gives the checkpointer (`saver`) and the table
-    (`add_episode`, `owner`, `add_seen`, `seen`, `episodes`, `in`); thread copies and eviction of thread
-    state are the same for both, here."""
+    (`add_episode`, `owner`, `add_seen`, `seen`, `episodes`, `in`); the thread lock and eviction of thread
+    state are the same for both, here. What a request does with its thread: serving/threads.py."""
 
     capacity: int
 
@@ -116,18 +107,6 @@ class ConversationStore:
 
     async def aclose(self) -> None:
         raise NotImplementedError
-
-    async def fork(self, thread_id: str) -> BaseCheckpointSaver:
-        """An in-memory copy of the thread's latest state: an episode that sees the conversation without
-        adding to it (a request's choices after the first)."""
-        copy = InMemorySaver()
-        found = await (await self.saver()).aget_tuple(thread_config(thread_id))
-        if found is not None:
-            checkpoint = found.checkpoint
-            await copy.aput(
-                thread_config(thread_id), checkpoint, found.metadata, checkpoint["channel_versions"]
-            )
-        return copy
 
     def thread_lock(self, thread_id: str) -> AbstractAsyncContextManager[Any]:
         """Held while an episode runs on the thread: requests on one thread take turns (in this
@@ -162,10 +141,6 @@ class Conversations(ConversationStore):
         )
         try:
             self._db.executescript(SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
-            if "owner" not in columns:  # a store written before conversations had owners: nobody's
-                self._db.execute("ALTER TABLE conversations ADD COLUMN owner TEXT")
-                self._db.commit()
         except sqlite3.DatabaseError as e:  # e.g. a file that turned corrupt between check and open
             self._db.close()
             raise ConversationStoreError(f"conversation store {self.path} cannot be read: {e}") from None

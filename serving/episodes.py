@@ -31,7 +31,6 @@ from uuid import UUID
 from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
-from langgraph.checkpoint.memory import InMemorySaver
 
 from teamtr.client.protocol import TurnInfo
 from teamtr.graphs.capture_callback import node_path
@@ -39,9 +38,9 @@ from teamtr.graphs.chat_model import METADATA_KEY, is_engine_reply, turn_from_re
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.team import Team
 from teamtr.graphs.trajectory import Trajectory, Turn
-from teamtr.serving.conversations import ConversationStore, thread_config
 from teamtr.serving.exploration import EXPLORATION_KEY
 from teamtr.serving.registry import AdapterRegistry, AdapterVersion, Pins
+from teamtr.serving.threads import ConversationThreads, copy_thread
 from teamtr.serving.tracing import PAIR_ID, SHADOW, TeamTracer
 
 log = logging.getLogger(__name__)
@@ -172,10 +171,10 @@ class ServedEpisodeRunner:
         self,
         registry: AdapterRegistry,
         tracer: TeamTracer | None,
-        conversations: ConversationStore,
+        threads: ConversationThreads,
         on_trajectory: Callable[[Trajectory], None] | None = None,
     ) -> None:
-        self.registry, self.tracer, self.conversations = registry, tracer, conversations
+        self.registry, self.tracer, self.threads = registry, tracer, threads
         self.on_trajectory = on_trajectory
         self.shadows: set[asyncio.Task] = set()  # shadow episodes under way (serving/canary.py)
 
@@ -202,7 +201,7 @@ class ServedEpisodeRunner:
         (graphs/user_graph.py `default_input`); a Team reads the task text. `on_token(turn index, role,
         piece)`: each turn's text as it is decoded (token streaming; serving/service.py `stream`).
         `checkpointer`: the episode continues the thread `conversation_id` from its saved state
-        (serving/conversations.py); None: a fresh conversation. `owner`: the key digest a new
+        (serving/threads.py); None: a fresh conversation. `owner`: the key digest a new
         conversation belongs to (serving/auth.py `key_owner`). `exploration`: the episode samples at the
         training temperature (serving/exploration.py); its span and trajectory metadata say so."""
         started = time.perf_counter()
@@ -217,7 +216,7 @@ class ServedEpisodeRunner:
             pair_id = uuid.uuid4().hex if shadow is not None else None
             if shadow is not None:
                 saver = (
-                    await _copy_thread(checkpointer, conversation_id) if checkpointer is not None else None
+                    await copy_thread(checkpointer, conversation_id) if checkpointer is not None else None
                 )
                 run = self._shadow(name, team, instance, shadow, pair_id, seed, graph, saver, conversation_id)
                 job = asyncio.create_task(run)
@@ -237,7 +236,7 @@ class ServedEpisodeRunner:
                     trajectory.metadata[EXPLORATION_KEY] = True
                 if self.tracer is not None:
                     self.tracer.finish_episode(span, trajectory, versions)
-        await self.conversations.forget(self.conversations.add_episode(conversation_id, name, owner))
+        await self.threads.count_episode(conversation_id, name, owner)
         if self.on_trajectory is not None:
             self.on_trajectory(trajectory)
         finish = recorder.finish_reasons[-1] if recorder.finish_reasons else "stop"
@@ -288,14 +287,3 @@ def _run_config(
         config["configurable"] = {"thread_id": thread_id}
         threaded["checkpointer"] = checkpointer
     return config, threaded
-
-
-async def _copy_thread(saver: Any, thread_id: str) -> InMemorySaver:
-    """The thread's latest state in a saver of its own: the shadow sees the conversation as the canary
-    episode does, and adds nothing to it."""
-    copy = InMemorySaver()
-    found = await saver.aget_tuple(thread_config(thread_id))
-    if found is not None:
-        checkpoint = found.checkpoint
-        await copy.aput(thread_config(thread_id), checkpoint, found.metadata, checkpoint["channel_versions"])
-    return copy

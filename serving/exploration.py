@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from teamtr.client.protocol import EXPLORATION_KEY
+from teamtr.client.admin_protocol import EXPLORATION_KEY
 
 __all__ = ["EXPLORATION_KEY", "ExplorationDraw"]  # the metadata key (serving/tracing.py EXPLORATION: the span's)
 

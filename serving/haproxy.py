@@ -17,7 +17,7 @@ Why each line (what the replicas' guarantees rest on):
   replica refused, or which it died on before answering a byte, is sent again to another replica (the
   request is buffered whole first: `http-buffer-request`). The one it was in flight on may have run it;
   the shared store recognises the resent exchange as the client's own resend would be (the thread's seen
-  messages: serving/chat_messages.py `known_in_thread`), so the conversation gets it once. Without the
+  messages: serving/threads.py `known_in_thread`), so the conversation gets it once. Without the
   `empty-response` retry HAProxy closes the client's keep-alive connection silently (the HTTP/1.1 way of
   asking the client to retry), which clients see as a dropped connection. A request the balancer cannot
   retry (3 tries, or a body over its buffer) gets 503. A stream (`stream: true`) whose replica dies after

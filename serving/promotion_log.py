@@ -10,7 +10,7 @@ Events (each with `event`, `time` (ISO) and `time_ns`):
     started     a server started: `stacks` (adapter -> its promoted versions, top = serving)
     pushed | rolled_back_role | promoted | promotion_rolled_back | restored
                 what serves changed: `stacks`, `current`, and the versions it concerns
-    loaded      a candidate (`staged` in older logs): `versions`, `incumbent`, `lineage`, `shadow`
+    loaded      a candidate: `versions`, `incumbent`, `lineage`, `shadow`
     share       the candidate's canary share was set: `share`
     candidate_rolled_back | abandoned
                 a candidate dropped (by its canary's decision, or otherwise): `versions`, `reason`
@@ -83,7 +83,7 @@ def replay(records: list[dict[str, Any]]) -> History:
         if event == "registered":
             v = VersionRecord(r["adapter"], int(r["version"]), r["dir"], r["base"], r.get("lineage") or {})
             h.versions.setdefault(v.adapter, {})[v.version] = v
-        elif event in ("loaded", "staged"):  # "staged": logs written before the rename
+        elif event == "loaded":
             h.pending = {a: int(v) for a, v in r["versions"].items()}
             h.pending_record, h.share = r, float(r.get("share", 0.0))
             _set_status(h, h.pending, "candidate")

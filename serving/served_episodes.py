@@ -1,4 +1,4 @@
-"""Served episodes read back from the span store (serving/trace_store.py: a SQLite file, or the replicas'
+"""Served episodes read back from the span store (serving/span_reader.py: a SQLite file, or the replicas'
 shared PostgreSQL store): what `teamtr improve` (improve/) takes as its task distribution and
 canary evidence, through `GET /admin/episodes` (serving/admin.py), straight from a serve directory's
 traces.db, or from the postgresql:// URL every replica writes to.
@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.serving.pg_store import is_database_url
-from teamtr.serving.trace_store import StoredSpan, read_spans
+from teamtr.serving.span_reader import StoredSpan, episode_spans, feedback_spans, stored_spans
 from teamtr.serving.tracing import (
     ADAPTER_VERSIONS,
     AGENT_NAME,
@@ -25,7 +25,6 @@ from teamtr.serving.tracing import (
     EXPLORATION,
     FINAL_ANSWER,
     OP_AGENT,
-    OP_FEEDBACK,
     OPERATION,
     PAIR_ID,
     REWARD,
@@ -55,9 +54,9 @@ def served_episodes(
         raise ValueError(f"limit must be at least 1, got {limit}")
     if not store_exists(store):
         return []
-    rows = list(read_spans(store, OP_AGENT, since_ns))
+    rows = episode_spans(store, since_ns=since_ns)
     rewards: dict[str, float] = {}
-    for feedback in read_spans(store, OP_FEEDBACK):
+    for feedback in feedback_spans(store):
         rewards[feedback.attributes[CONVERSATION_ID]] = float(feedback.attributes[REWARD])
     out = []
     for span in rows:
@@ -108,6 +107,6 @@ def feedback_trajectories(
         )
 
     found = trajectories_from_spans(
-        (s for s in read_spans(store) if wanted(s)), require_reward=True, group_by_prompt=True
+        (s for s in stored_spans(store) if wanted(s)), require_reward=True, group_by_prompt=True
     )
     return found[-limit:] if limit is not None else found

@@ -6,40 +6,35 @@ The user's last message is the task; earlier messages of the request are context
 text as `<role>: <content>` lines (a Team sees one task string); a user graph (graphs/user_graph.py)
 whose input is LangGraph's MessagesState gets the messages themselves, as LangChain messages. Every
 request runs on a thread, its conversation id (the one it names, else its completion id): the graph
-continues the thread's checkpointed state (serving/conversations.py, docs/serving.md "Threads"), and
+continues the thread's checkpointed state (serving/threads.py, docs/serving.md "Threads"), and
 only the messages new to the thread go in (a client resending the whole conversation is recognised by
 the digests of the messages it has seen). Requests on one thread take turns. Sampling fields
 apply to every role under the team's pins (serving/sampling.py); `n` runs n episodes, one choice each;
-`seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits (serving/limits.py), the deadline and a
-client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
+`seed` seeds every episode (choice i > 0 with a seed derived from it). Admission, rate limits
+(serving/limits.py), the deadline and a client that goes away bound every request: the episode task is cancelled, so its adapter pins and its
 place in the team's queue are released.
 
 Validation, the unstreamed response and the token stream share one `Completion` and its admission and
-deadline; which streamed tokens are the answer lives in serving/token_stream.py, what the messages
-become (task text, digests, LangChain messages, usage) in serving/chat_messages.py.
+deadline. Beside this module, one job each: the request's limits and deadline (serving/completion.py),
+its thread (serving/threads.py), the stream of server-sent events (serving/chat_stream.py), which
+streamed tokens are the answer (serving/token_stream.py), what the messages become (task text, LangChain
+messages, usage: serving/chat_messages.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from teamtr.client.protocol import (
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessage,
     Choice,
     ChoiceInfo,
-    ChunkChoice,
-    Delta,
     FeedbackRequest,
     FeedbackResponse,
     HealthResponse,
@@ -47,64 +42,25 @@ from teamtr.client.protocol import (
     ModelList,
     ResponseMessage,
     TeamInfo,
-    TokenPiece,
     TurnInfo,
-    error_body,
 )
-from teamtr.graphs.capture import describe_error
-from teamtr.graphs.engine import SamplingParams
-from teamtr.graphs.team import Team, derive_seed
-from teamtr.serving.chat_messages import chat_messages, digests, known_in_thread, task_text, usage_of
-from teamtr.serving.conversations import ConversationStore, message_digest
+from teamtr.graphs.team import derive_seed
+from teamtr.serving.chat_messages import chat_messages, task_text, usage_of
+from teamtr.serving.chat_stream import event_stream
+from teamtr.serving.completion import Completion, checked_n, deadline_error, request_timeout
 from teamtr.serving.episodes import EpisodeResult, ServedEpisodeRunner, ServedTeam, turn_info
-from teamtr.serving.errors import APIError, log
+from teamtr.serving.errors import APIError
 from teamtr.serving.exploration import ExplorationDraw
 from teamtr.serving.limits import AdmissionGate, RateLimiter
 from teamtr.serving.metrics import ServingMetrics
 from teamtr.serving.registry import AdapterRegistry
 from teamtr.serving.sampling import TeamVariants, described, refuse_fully_pinned, request_overrides
 from teamtr.serving.settings import ServeSettings
-from teamtr.serving.token_stream import AnswerStream, final_turn_index
+from teamtr.serving.threads import ConversationThreads
 from teamtr.serving.tracing import TeamTracer
 
-CONVERSATION_HEADER = "X-Conversation-Id"
-TIMEOUT_HEADER = "X-Request-Timeout"
 T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[None]]  # returns when the client has gone away
-
-
-def deadline_error(timeout_s: float) -> APIError:
-    return APIError(
-        408,
-        f"the request's deadline ({timeout_s:g} s) passed before the team answered; its episodes were "
-        "cancelled",
-        "timeout_error",
-        param="timeout",
-        code="deadline_exceeded",
-    )
-
-
-@dataclass
-class Completion:
-    """A validated request, ready to run: its team (and the variant with its sampling), task and ids."""
-
-    request: ChatCompletionRequest
-    team: ServedTeam
-    task: str
-    completion_id: str
-    conversation_id: str
-    graph: Team | None = None  # the team variant sampling as asked (None: the team as served)
-    sampling: dict[str, SamplingParams] = field(default_factory=dict)
-    asked: dict[str, Any] = field(default_factory=dict)  # the sampling fields the request set
-    n: int = 1
-    timeout_s: float = 600.0
-    arrived: float = field(default_factory=time.monotonic)
-    new_messages: list[ChatMessage] = field(default_factory=list)  # what this request adds to its thread
-    known: int = 0  # how many of the request's messages the thread had (the seen digests after them go)
-    owner: str | None = None  # the caller's key digest (serving/auth.py key_owner); None: an open API
-
-    def remaining(self) -> float:
-        return self.timeout_s - (time.monotonic() - self.arrived)
 
 
 class ChatCompletionService:
@@ -115,10 +71,10 @@ class ChatCompletionService:
         tracer: TeamTracer | None,
         settings: ServeSettings,
         runner: ServedEpisodeRunner,
-        conversations: ConversationStore,
+        threads: ConversationThreads,
     ) -> None:
         self.teams, self.registry, self.tracer, self.settings = teams, registry, tracer, settings
-        self.runner, self.conversations = runner, conversations
+        self.runner, self.threads = runner, threads
         self.gates = {
             name: AdmissionGate(name, settings.policy(name).max_in_flight, settings.policy(name).max_waiting)
             for name in teams
@@ -161,39 +117,16 @@ class ChatCompletionService:
                 param="model",
                 code="model_not_found",
             )
-        if (
-            request.max_tokens is not None
-            and request.max_completion_tokens is not None
-            and request.max_tokens != request.max_completion_tokens
-        ):
-            raise APIError(
-                400,
-                "max_tokens and max_completion_tokens disagree; send one of them",
-                param="max_completion_tokens",
-            )
-        cap = request.turn_token_cap()
-        if cap is not None and cap > self.settings.max_tokens_limit:
-            raise APIError(
-                400,
-                f"max_tokens {cap} is over this server's limit {self.settings.max_tokens_limit}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        n = request.n or 1
-        if n > self.settings.max_n:
-            raise APIError(400, f"n = {n} is over this server's limit {self.settings.max_n}", param="n")
-        if n > 1 and request.stream:
-            raise APIError(400, "n > 1 is not supported with stream: true", param="n")
+        n = checked_n(request, self.settings)
         self.gates[request.model].check(n)
-        timeout_s = self._timeout(request.timeout, timeout_header)
+        timeout_s = request_timeout(request.timeout, timeout_header, self.settings.request_timeout_s)
         variants = self.variants[request.model]
         asked = request_overrides(request)
         refuse_fully_pinned(team.team, variants.pinned, asked)
         given = (request.metadata.conversation_id if request.metadata else None) or conversation_header
         known = 0
         if given:  # a thread: its state holds what came before (an unknown id starts a new thread)
-            self._check_owner(given[:256], owner)
-            known = known_in_thread(request.messages, self.conversations.seen(given[:256]))
+            known = self.threads.known_messages(given[:256], request.messages, owner)
         new_messages = request.messages[known:]
         task = task_text(new_messages)
         tokenizer = self.registry.engine.tokenizer(team.team.roles[0].base_model)
@@ -223,40 +156,6 @@ class ChatCompletionService:
             known=known,
             owner=owner,
         )
-
-    def _check_owner(self, conversation_id: str, owner: str | None, must_exist: bool = False) -> None:
-        """404, as for an unknown id, when the conversation is another key's (or unknown, if it
-        `must_exist`: feedback; a chat request with an unknown id starts that thread)."""
-        try:
-            theirs = self.conversations.owner(conversation_id)
-        except KeyError:
-            if not must_exist:
-                return
-            theirs = None if owner else ""  # differs from any owner
-        if theirs != owner:
-            raise APIError(
-                404,
-                f"unknown conversation id {conversation_id!r}",
-                param="conversation_id",
-                code="conversation_not_found",
-            )
-
-    def _timeout(self, field_value: float | None, header: str | None) -> float:
-        limit = self.settings.request_timeout_s
-        asked, param = field_value, "timeout"
-        if asked is None and header is not None:
-            param = TIMEOUT_HEADER
-            try:
-                asked = float(header)
-            except ValueError:
-                asked = -1.0
-            if not 0 < asked < float("inf"):
-                raise APIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds", param=param)
-        if asked is None:
-            return limit
-        if asked > limit:
-            raise APIError(400, f"{param} {asked:g} s is over this server's limit {limit:g} s", param=param)
-        return asked
 
     async def _bounded(self, c: Completion, work: Coroutine[Any, Any, T], disconnected: Disconnected) -> T:
         """Run `work` until it ends, the deadline passes (408) or the client goes away (its task is
@@ -291,11 +190,7 @@ class ChatCompletionService:
         return self._response(c, results)
 
     async def _run_all(self, c: Completion) -> list[EpisodeResult]:
-        async with self.conversations.thread_lock(c.conversation_id):
-            self._check_owner(c.conversation_id, c.owner)  # a request of another key may have created it
-            # choice 0 continues the thread; the others see it from a copy and add nothing to it
-            savers = [await self.conversations.saver()]
-            savers += [await self.conversations.fork(c.conversation_id) for _ in range(1, c.n)]
+        async with self.threads.continued(c.conversation_id, c.owner, c.n) as savers:
             async with asyncio.TaskGroup() as group:  # one episode failing cancels the others
                 tasks = [group.create_task(self._run(c, i, savers[i])) for i in range(c.n)]
         return [t.result() for t in tasks]
@@ -306,9 +201,8 @@ class ChatCompletionService:
         on_turn: Callable[[TurnInfo], None] | None,
         on_token: Callable[[int, str, str], None],
     ) -> EpisodeResult:
-        async with self.conversations.thread_lock(c.conversation_id):
-            self._check_owner(c.conversation_id, c.owner)
-            return await self._run(c, 0, await self.conversations.saver(), on_turn, on_token)
+        async with self.threads.continued(c.conversation_id, c.owner) as (saver,):
+            return await self._run(c, 0, saver, on_turn, on_token)
 
     def _response(self, c: Completion, results: list[EpisodeResult]) -> ChatCompletionResponse:
         first = results[0]
@@ -339,90 +233,15 @@ class ChatCompletionService:
             ),
         )
 
-    async def stream(self, c: Completion) -> AsyncIterator[str]:
-        """Server-sent events: the role chunk; the answer's content deltas as its tokens are decoded (which
-        turn is the answer: serving/token_stream.py); with include_turns, each turn's text pieces as they
-        are decoded and each turn as it ends, and the answer's deltas after the last turn's chunk; the
-        finish chunk, usage (if asked), [DONE]. An error after the
-        headers went out is reported in-band. The request's places in the queue (taken by `admit`) are
-        released when the stream ends."""
-        options = c.request.stream_options
-        include_turns = options is not None and options.include_turns
-        events: asyncio.Queue[TurnInfo | TokenPiece] = asyncio.Queue()
-        answer = AnswerStream(
-            final_turn_index(c.graph or c.team.team),
-            {role: p.stop for role, p in c.sampling.items()},
-            c.team.answer_role,
+    def stream(self, c: Completion) -> AsyncIterator[str]:
+        """The request's server-sent events (serving/chat_stream.py); the request's places in the queue
+        (taken by `admit`) are released when the stream ends."""
+        return event_stream(
+            c,
+            lambda on_turn, on_token: self._run_streamed(c, on_turn, on_token),
+            lambda: self.release(c),
+            self.metrics.first_content_seconds.labels(c.request.model).observe,
         )
-        episode: asyncio.Task | None = None
-        first_content = True
-        held: list[str] = []  # with include_turns: the answer's pieces, sent once every turn chunk is out
-
-        def chunk(**kwargs: Any) -> str:
-            body = ChatCompletionChunk(id=c.completion_id, model=c.request.model, **kwargs)
-            return f"data: {json.dumps(body.model_dump(exclude_none=True))}\n\n"
-
-        def content(text: str) -> str:
-            nonlocal first_content
-            if first_content:
-                first_content = False
-                self.metrics.first_content_seconds.labels(c.request.model).observe(
-                    time.monotonic() - c.arrived
-                )
-            return chunk(choices=[ChunkChoice(delta=Delta(content=text))])
-
-        def on_token(index: int, role: str, text: str) -> None:
-            events.put_nowait(TokenPiece(index=index, role=role, text=text))
-
-        try:
-            on_turn = events.put_nowait if include_turns else None
-            episode = asyncio.create_task(self._run_streamed(c, on_turn, on_token))
-            yield chunk(choices=[ChunkChoice(delta=Delta(role="assistant", content=""))])
-            while not episode.done() or not events.empty():
-                getter = asyncio.ensure_future(events.get())
-                await asyncio.wait(
-                    {getter, episode}, timeout=max(0.0, c.remaining()), return_when=asyncio.FIRST_COMPLETED
-                )
-                if not getter.done():
-                    getter.cancel()
-                    if not episode.done():
-                        raise deadline_error(c.timeout_s)
-                    continue
-                event = getter.result()
-                if isinstance(event, TurnInfo):
-                    yield chunk(choices=[], teamtr_turn=event)
-                    continue
-                if include_turns:
-                    yield chunk(choices=[], teamtr_token=event)
-                new = answer.piece(event.index, event.role, event.text)
-                if new and include_turns:  # the turn chunks come first, so the answer waits for the last
-                    held.append(new)
-                elif new:
-                    yield content(new)
-            result = episode.result()
-        except Exception as e:  # headers are gone: report in-band, as OpenAI does, then end the stream
-            if isinstance(e, APIError):
-                body = error_body(e.message, e.type, e.param, e.code)
-            else:
-                log.error("stream of %s failed: %s", c.completion_id, describe_error(e), exc_info=e)
-                body = error_body(f"internal error: {describe_error(e)}", "server_error")
-            yield f"data: {json.dumps(body)}\n\n"
-            yield "data: [DONE]\n\n"
-            return
-        finally:
-            if episode is not None and not episode.done():  # the client went away, or the deadline
-                episode.cancel()
-                await asyncio.gather(episode, return_exceptions=True)
-            self.release(c)
-        for piece in held:
-            yield content(piece)
-        rest = answer.finish(result.trajectory.final_answer or "")
-        if rest or first_content:
-            yield content(rest)
-        yield chunk(choices=[ChunkChoice(delta=Delta(), finish_reason=result.finish_reason)])
-        if options is not None and options.include_usage:
-            yield chunk(choices=[], usage=usage_of(result.trajectory))
-        yield "data: [DONE]\n\n"
 
     async def _run(
         self,
@@ -459,8 +278,8 @@ class ChatCompletionService:
             owner=c.owner,
         )
         if index == 0:  # the thread continues from choice 0's answer; committed before it is answered
-            answer = message_digest("assistant", None, result.trajectory.final_answer or "")
-            await self.conversations.add_seen(c.conversation_id, [*digests(c.new_messages), answer], c.known)
+            answer = result.trajectory.final_answer or ""
+            await self.threads.record_answer(c.conversation_id, c.new_messages, answer, c.known)
         self.metrics.episode_seconds.labels(team).observe(result.seconds)
         self.gates[team].observe_episode(result.seconds)
         return result
@@ -483,7 +302,7 @@ class ChatCompletionService:
 
     def feedback(self, body: FeedbackRequest, owner: str | None = None) -> FeedbackResponse:
         """A reward from the conversation's owner, within the server's declared reward range."""
-        self._check_owner(body.conversation_id, owner, must_exist=True)
+        self.threads.check_owner(body.conversation_id, owner, must_exist=True)
         low, high = self.settings.reward_range
         if not low <= body.reward <= high:
             raise APIError(
@@ -500,7 +319,7 @@ class ChatCompletionService:
         return FeedbackResponse(
             conversation_id=body.conversation_id,
             reward=body.reward,
-            episodes=self.conversations.episodes(body.conversation_id),
+            episodes=self.threads.episodes(body.conversation_id),
         )
 
     def health(self) -> HealthResponse:

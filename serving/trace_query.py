@@ -1,4 +1,4 @@
-"""Served episodes and their turns read back from the SQLite span store (serving/trace_store.py), filtered
+"""Served episodes and their turns read back from the span store (serving/span_reader.py), filtered
 by conversation, episode, role, adapter version and time: what `teamtr traces list` / `show` print.
 
 An episode is a finished `invoke_agent` span; its turns are its `chat` child spans (serving/tracing.py),
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from teamtr.serving.trace_store import open_store
+from teamtr.serving.span_reader import episode_spans, feedback_spans, turn_spans
 from teamtr.serving.tracing import (
     ADAPTER_VERSIONS,
     AGENT_NAME,
@@ -23,9 +23,6 @@ from teamtr.serving.tracing import (
     FINAL_ANSWER,
     FINISH_REASONS,
     INPUT_TOKENS,
-    OP_AGENT,
-    OP_CHAT,
-    OP_FEEDBACK,
     OUTPUT_TOKENS,
     REWARD,
     TASK_ID,
@@ -140,31 +137,22 @@ def traced_episodes(
     """The store's finished episodes that pass `where`, oldest first (the newest `limit` of them), each
     with its turns in order (`turns_only`: only the turns of `where.role` / `where.version`)."""
     where = where or TraceFilter()
-    query = "SELECT trace_id, span_id, start_ns, end_ns, status, attributes FROM spans WHERE operation = ?"
-    args: list[Any] = [OP_AGENT]
-    if where.conversation is not None:
-        query += " AND substr(conversation_id, 1, ?) = ?"
-        args += [len(where.conversation), where.conversation]
-    if where.since_ns is not None:
-        query += " AND start_ns >= ?"
-        args.append(where.since_ns)
-    if where.until_ns is not None:
-        query += " AND start_ns < ?"
-        args.append(where.until_ns)
-    with open_store(store) as db:
-        rows = db.execute(query + " ORDER BY start_ns, span_id", args).fetchall()
-        episodes: dict[tuple[str, str], TracedEpisode] = {}
-        for trace_id, span_id, start_ns, end_ns, status, attributes in rows:
-            ep = _episode(trace_id, start_ns, end_ns, status, json.loads(attributes))
-            if where.team is not None and ep.team != where.team:
-                continue
-            if where.episode is not None and not (
-                ep.episode_id.startswith(where.episode) or ep.trace_id.startswith(where.episode)
-            ):
-                continue
-            episodes[(trace_id, span_id)] = ep
-        turns = _turns_of(db, {trace for trace, _ in episodes})
-        feedback = _feedback(db, {ep.conversation_id for ep in episodes.values()})
+    episodes: dict[tuple[str, str], TracedEpisode] = {}
+    for span in episode_spans(
+        store, conversation_prefix=where.conversation, since_ns=where.since_ns, until_ns=where.until_ns
+    ):
+        ep = _episode(span.trace_id, span.start_ns, span.end_ns, span.status, span.attributes)
+        if where.team is not None and ep.team != where.team:
+            continue
+        if where.episode is not None and not (
+            ep.episode_id.startswith(where.episode) or ep.trace_id.startswith(where.episode)
+        ):
+            continue
+        episodes[(span.trace_id, span.span_id)] = ep
+    turns: dict[tuple[str, str | None], list[TracedTurn]] = defaultdict(list)
+    for span in turn_spans(store, {trace for trace, _ in episodes}):
+        turns[(span.trace_id, span.parent_span_id)].append(_turn(span.start_ns, span.end_ns, span.attributes))
+    feedback = _latest_feedback(store, {ep.conversation_id for ep in episodes.values()})
     out = []
     for key, ep in episodes.items():
         ep.turns = sorted(turns.get(key, []), key=lambda t: t.index)
@@ -179,29 +167,11 @@ def traced_episodes(
     return out[-limit:] if limit else out
 
 
-def _turns_of(db: Any, trace_ids: set[str]) -> dict[tuple[str, str], list[TracedTurn]]:
-    """(trace id, parent span id) -> the chat spans under that episode span."""
-    out: dict[tuple[str, str], list[TracedTurn]] = defaultdict(list)
-    ids = sorted(trace_ids)
-    for start in range(0, len(ids), 500):  # SQLite's limit on bound parameters
-        chunk = ids[start : start + 500]
-        marks = ",".join("?" * len(chunk))
-        for trace_id, parent, start_ns, end_ns, attributes in db.execute(
-            f"SELECT trace_id, parent_span_id, start_ns, end_ns, attributes FROM spans "
-            f"WHERE operation = ? AND trace_id IN ({marks})",
-            [OP_CHAT, *chunk],
-        ):
-            out[(trace_id, parent)].append(_turn(start_ns, end_ns, json.loads(attributes)))
-    return out
-
-
-def _feedback(db: Any, conversations: set[str]) -> dict[str, tuple[float, str | None]]:
+def _latest_feedback(store: str | Path, conversations: set[str]) -> dict[str, tuple[float, str | None]]:
     """conversation -> (reward, comment) of its latest feedback."""
     out: dict[str, tuple[float, str | None]] = {}
-    for (attributes,) in db.execute(
-        "SELECT attributes FROM spans WHERE operation = ? ORDER BY start_ns, span_id", (OP_FEEDBACK,)
-    ):
-        a = json.loads(attributes)
+    for span in feedback_spans(store):
+        a = span.attributes
         if a.get(CONVERSATION_ID) in conversations:
             out[a[CONVERSATION_ID]] = (float(a[REWARD]), a.get(FEEDBACK_COMMENT))
     return out

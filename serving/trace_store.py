@@ -2,7 +2,8 @@
 several replicas, in the shared PostgreSQL store (serving/pg_store.py, same table and columns).
 
 One row per finished span, attributes as JSON. `teamtr traces`, `teamtr improve` and GET /admin/episodes
-read it back (`read_spans`), given a file path or a postgresql:// URL.
+read it back through serving/span_reader.py, the one module that queries it, given a file path or a
+postgresql:// URL.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from teamtr.serving.pg_store import PgStore, is_database_url, redacted
+from teamtr.serving.pg_store import PgStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS spans (
@@ -40,17 +39,8 @@ CREATE INDEX IF NOT EXISTS spans_by_conversation ON spans (conversation_id);
 CREATE INDEX IF NOT EXISTS spans_by_operation ON spans (operation, start_ns);
 """
 
-
-@dataclass
-class StoredSpan:
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    start_ns: int
-    end_ns: int
-    status: str
-    attributes: dict[str, Any]
+# what the `operation` column holds (`gen_ai.operation.name`): an episode, one of its turns, a feedback
+OP_AGENT, OP_CHAT, OP_FEEDBACK = "invoke_agent", "chat", "feedback"
 
 
 def _attributes_to_json(attributes: Any) -> str:
@@ -136,56 +126,3 @@ class PostgresSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
-
-
-_COLUMNS = "trace_id, span_id, parent_span_id, name, start_ns, end_ns, status, attributes"
-
-
-def read_spans(
-    path: str | Path, operation: str | None = None, since_ns: int = 0
-) -> Iterator[StoredSpan]:
-    """Spans of a store (a SQLite file, or a postgresql:// URL) in start order, optionally only those of
-    one `gen_ai.operation.name`, started at or after `since_ns`."""
-    with open_store(path) as db:
-        query = f"SELECT {_COLUMNS} FROM spans WHERE start_ns >= ?"
-        args: tuple = (since_ns,)
-        if operation is not None:
-            query += " AND operation = ?"
-            args += (operation,)
-        for row in db.execute(query + " ORDER BY start_ns, span_id", args):
-            *head, attributes = row
-            yield StoredSpan(*head, attributes=json.loads(attributes))
-
-
-class _QmarkConnection:
-    """A PostgreSQL connection that takes SQLite's `?` parameter marks, so one query text reads both
-    stores (the span queries hold no other `?` or `%`)."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def execute(self, query: str, args: Sequence[Any] = ()) -> Any:
-        return self._conn.execute(query.replace("?", "%s"), tuple(args))
-
-
-@contextmanager
-def open_store(path: str | Path) -> Iterator[Any]:
-    """A read-only connection to a span store (a SQLite file, or a postgresql:// URL), queried with `?`
-    marks; FileNotFoundError when there is none."""
-    if is_database_url(path):
-        import psycopg
-
-        try:
-            conn = psycopg.connect(str(path), autocommit=True)
-        except psycopg.OperationalError as e:
-            raise FileNotFoundError(f"no span store at {redacted(str(path))}: {e}") from None
-        with conn:
-            yield _QmarkConnection(conn)
-        return
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no span store at {path}")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        yield db
-    finally:
-        db.close()

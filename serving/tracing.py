@@ -33,7 +33,14 @@ from teamtr.graphs.capture import describe_error
 from teamtr.graphs.trajectory import Trajectory, Turn, prompt_group
 from teamtr.serving.exploration import EXPLORATION_KEY
 from teamtr.serving.pg_store import PgStore
-from teamtr.serving.trace_store import PostgresSpanExporter, SQLiteSpanExporter, StoredSpan, read_spans
+from teamtr.serving.span_reader import StoredSpan, stored_spans
+from teamtr.serving.trace_store import (
+    OP_AGENT,
+    OP_CHAT,
+    OP_FEEDBACK,
+    PostgresSpanExporter,
+    SQLiteSpanExporter,
+)
 
 # GenAI semantic conventions (opentelemetry.io/docs/specs/semconv/gen-ai/)
 OPERATION = "gen_ai.operation.name"
@@ -75,8 +82,6 @@ EXPLORATION = "teamtr.exploration"  # true on an episode sampled at the training
 PAIR_ID = "teamtr.canary.pair_id"
 SHADOW = "teamtr.canary.shadow"  # true on the shadow (its answer was not returned)
 FEEDBACK_COMMENT = "teamtr.feedback.comment"
-
-OP_AGENT, OP_CHAT, OP_FEEDBACK = "invoke_agent", "chat", "feedback"
 
 
 @dataclass
@@ -310,4 +315,4 @@ def trajectories_from_spans(
 def trajectories_from_store(
     path: str | Path, require_reward: bool = False, group_by_prompt: bool = False
 ) -> list[Trajectory]:
-    return trajectories_from_spans(read_spans(path), require_reward, group_by_prompt)
+    return trajectories_from_spans(stored_spans(path), require_reward, group_by_prompt)

@@ -245,7 +245,7 @@ def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path
     import openai
 
     from teamtr.serving.server import ServeConfig
-    from teamtr.serving.trace_store import read_spans
+    from teamtr.serving.span_reader import stored_spans
     from tests.support.serving import serve_in_background
 
     cfg = example_config("parallel_merge", tiny_model, tmp_path / "parallel_merge")
@@ -293,7 +293,7 @@ def test_a_trained_graph_is_served_from_its_training_config(tiny_model, tmp_path
             server.url + "/v1/feedback", json={"conversation_id": r.id, "reward": 1.0}, timeout=30
         )
         assert ok.status_code == 200, ok.text
-    chats = list(read_spans(Path(cfg.run_dir) / "traces.db", operation="chat"))
+    chats = list(stored_spans(Path(cfg.run_dir) / "traces.db", operation="chat"))
     assert sorted(s.attributes["gen_ai.agent.name"] for s in chats) == sorted(
         t.role for trajectory in recorded for t in trajectory.turns
     )

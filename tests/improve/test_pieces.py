@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from teamtr.client.protocol import ServedEpisode
+from teamtr.client.admin_protocol import ServedEpisode
 from teamtr.graphs.run_layout import append_record, read_records
 from teamtr.improve.canary import CanaryConfig, arm_of, decide, tally
 from teamtr.improve.data import (

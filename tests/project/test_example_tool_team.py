@@ -20,7 +20,8 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from transformers import AutoTokenizer
 
 from teamtr.graphs.capture_callback import ForeignModelWarning
-from teamtr.serving.conversations import thread_config, threads_path
+from teamtr.serving.conversations import threads_path
+from teamtr.serving.threads import thread_config
 from teamtr.serving.tracing import trajectories_from_store
 from tests.graphs.test_user_graphs import ROOT, example_config, train
 from tests.support.serve_process import serve_process

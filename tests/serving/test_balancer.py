@@ -22,9 +22,9 @@ import psycopg
 import pytest
 
 from teamtr.engines.vllm_server import free_port
-from teamtr.serving.conversations import message_digest
 from teamtr.serving.local_replicas import fresh_database, start_serve, wait_healthy
 from teamtr.serving.served_episodes import served_episodes
+from teamtr.serving.threads import message_digest
 from teamtr.serving.tracing import trajectories_from_store
 from tests.support.chat_load import ThreadLoad
 from tests.support.services import haproxy

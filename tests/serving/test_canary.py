@@ -193,7 +193,7 @@ def test_watch_reports_through_the_admin_api_show_on_metrics(tiny_model_dir, tmp
     shape with nothing stored, a report shown on /metrics; a few teams' reports at most."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from teamtr.client.protocol import ImproveReport
+    from teamtr.client.admin_protocol import ImproveReport
     from teamtr.serving.admin import MAX_REPORTS
 
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)

@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from teamtr.graphs.capture import describe_error, run_episode
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.serving.server import ServeConfig
-from teamtr.serving.trace_store import read_spans
+from teamtr.serving.span_reader import stored_spans
 from teamtr.serving.tracing import EXCEPTION_MESSAGE, EXCEPTION_TYPE, OP_AGENT
 from tests.support.serving import serve_in_background, write_versions
 
@@ -92,7 +92,7 @@ def test_a_served_crash_is_a_named_500_logged_with_its_traceback_and_on_its_span
     assert "node 'answer'" in streamed.text and "KeyError" in streamed.text  # in-band, after the headers
     logged = [rec for rec in caplog.records if rec.name == "teamtr.serving" and rec.exc_info]
     assert logged and logged[0].exc_info[0] is KeyError and "revisor" in logged[0].getMessage()
-    failed = [s for s in read_spans(broken_run / "traces.db", OP_AGENT) if s.status == "ERROR"]
+    failed = [s for s in stored_spans(broken_run / "traces.db", OP_AGENT) if s.status == "ERROR"]
     assert len(failed) == 2
     assert failed[0].attributes[EXCEPTION_TYPE] == "KeyError"
     assert "node 'answer'" in failed[0].attributes[EXCEPTION_MESSAGE]

@@ -21,9 +21,10 @@ import httpx
 import pytest
 
 from teamtr.engines.vllm_server import free_port
-from teamtr.serving.conversations import message_digest, threads_path
+from teamtr.serving.conversations import threads_path
 from teamtr.serving.server import ServeConfig
-from teamtr.serving.trace_store import read_spans
+from teamtr.serving.span_reader import stored_spans
+from teamtr.serving.threads import message_digest
 from teamtr.serving.tracing import OP_AGENT, OP_CHAT, TASK_ID
 from tests.support import killable_server
 from tests.support.chat_load import ThreadLoad
@@ -67,7 +68,7 @@ def start(ctx, config: ServeConfig, url: str):
 
 
 def check_durable(run: Path, load: Load) -> None:
-    spans = list(read_spans(run / "traces.db"))
+    spans = list(stored_spans(run / "traces.db"))
     episodes = {
         s.attributes[TASK_ID]: s for s in spans if s.attributes.get("gen_ai.operation.name") == OP_AGENT
     }

@@ -229,7 +229,7 @@ def test_admin_api_and_cli_push_list_rollback(tiny_model_dir, tmp_path):
 
 def test_admin_client_returns_typed_answers_and_raises_on_errors(tiny_model_dir, tmp_path):
     from teamtr.client.admin_client import AdminClient, AdminRequestError, ServerUnreachableError
-    from teamtr.client.protocol import AdapterListResponse, AdapterVersionInfo
+    from teamtr.client.admin_protocol import AdapterListResponse, AdapterVersionInfo
 
     run = make_run_dir(tiny_model_dir, tmp_path / "run", versions=1)
     config = ServeConfig.from_run_dir(run, "chain", admin_key="adm", tracing={"sqlite_path": None})

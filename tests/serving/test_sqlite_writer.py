@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from teamtr.serving.conversations import Conversations, message_digest
+from teamtr.serving.conversations import Conversations
 from teamtr.serving.sqlite_writer import BackgroundWriter
+from teamtr.serving.threads import message_digest
 
 
 def test_queued_writes_share_a_commit_and_readers_see_them(tmp_path):
@@ -68,20 +69,3 @@ def test_conversations_read_their_own_writes_and_survive_a_close(tmp_path):
     assert "c2" in reopened and reopened.seen("c2") == ["d"] and reopened.owner("c2") == "k1"
     assert reopened.episodes("c1") == 20 and len(reopened.seen("c1")) == 40
     reopened.close()
-
-
-def test_a_store_without_owners_opens_with_nobody_owning_its_conversations(tmp_path):
-    path = tmp_path / "conversations.db"
-    old = sqlite3.connect(str(path))
-    old.execute(
-        "CREATE TABLE conversations (id TEXT PRIMARY KEY, team TEXT NOT NULL, episodes INTEGER NOT NULL, "
-        "updated REAL NOT NULL)"
-    )
-    old.execute("INSERT INTO conversations VALUES ('c0', 'team', 3, 0.0)")
-    old.commit()
-    old.close()
-    store = Conversations(capacity=10, path=path)
-    assert store.episodes("c0") == 3 and store.owner("c0") is None
-    store.add_episode("c1", "team", owner="k")
-    assert store.owner("c1") == "k"
-    store.close()

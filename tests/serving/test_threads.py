@@ -137,7 +137,7 @@ def _checkpoint(path, thread: str) -> dict:
 
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    from teamtr.serving.conversations import thread_config
+    from teamtr.serving.threads import thread_config
 
     with sqlite3.connect(path) as conn:
         found = SqliteSaver(conn).get_tuple(thread_config(thread))
@@ -198,7 +198,8 @@ def test_extra_choices_see_the_thread_but_only_the_first_continues_it(run_dir, t
 async def test_an_evicted_conversation_takes_its_checkpoints_with_it(tmp_path):
     from langgraph.graph import START, MessagesState, StateGraph
 
-    from teamtr.serving.conversations import Conversations, thread_config
+    from teamtr.serving.conversations import Conversations
+    from teamtr.serving.threads import thread_config
 
     g = StateGraph(MessagesState)
     g.add_node("echo", lambda state: {"messages": [("ai", "ok")]})

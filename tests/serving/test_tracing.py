@@ -19,7 +19,7 @@ from teamtr.cli.serve import app as cli_app
 from teamtr.engines.vllm_server import free_port
 from teamtr.graphs.trajectory import load_jsonl
 from teamtr.serving.server import ServeConfig
-from teamtr.serving.trace_store import read_spans
+from teamtr.serving.span_reader import stored_spans
 from teamtr.serving.tracing import MissingTokensError, trajectories_from_store
 from tests.support.serving import make_run_dir, serve_in_background
 
@@ -81,7 +81,7 @@ def test_spans_carry_genai_semantic_conventions(run_dir, tmp_path):
         )
         assert reply.model_extra["teamtr"]["conversation_id"] == "conv-42"
         server.server.tracer.flush()
-    spans = list(read_spans(db))
+    spans = list(stored_spans(db))
     [episode] = [s for s in spans if s.attributes["gen_ai.operation.name"] == "invoke_agent"]
     turns = [s for s in spans if s.attributes["gen_ai.operation.name"] == "chat"]
     assert episode.name == "invoke_agent chain" and episode.status == "OK"
@@ -107,7 +107,7 @@ def test_without_token_capture_spans_hold_no_ids_and_conversion_says_why(run_dir
             model="chain", messages=[{"role": "user", "content": TASKS[1]}]
         )
         server.server.tracer.flush()
-    turns = list(read_spans(db, operation="chat"))
+    turns = list(stored_spans(db, operation="chat"))
     assert len(turns) == 3 and not any("teamtr.turn.prompt_ids" in s.attributes for s in turns)
     with pytest.raises(MissingTokensError, match="token capture"):
         trajectories_from_store(db)

@@ -116,6 +116,7 @@ def test_a_renamed_team_is_served_evaluated_and_pushed(renamed_run, tmp_path):
 def test_a_run_is_served_and_evaluated_at_an_earlier_stage(renamed_run):
     """`teamtr serve/eval RUN --stage K`: the adapters after K stages (the demo keeps its best stage, not
     the last); a stage the run never reached is refused with the run's range."""
+    from teamtr.evals.teams import load_eval_team
     from teamtr.graphs.run_layout import versions_after_stage
     from teamtr.serving.server import ServeConfig
     from tests.support.serving import serve_in_background
