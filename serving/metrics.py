@@ -4,7 +4,7 @@ in one process, e.g. in tests).
 Recorded as they happen: requests by team and status (`RequestMetrics` middleware; 499 = the client
 went away before an answer), episode, turn and time-to-first-content latencies, generated tokens.
 Read at scrape time: queue depth and in-flight episodes per team (serving/limits.py), the adapter
-version in use per adapter, versions promoted over a serving one (exported as `teamtr_adapter_swaps`, the
+version in use per adapter, versions promoted over a serving one (exported as `teamtr_adapter_promotions`, the
 name dashboards read), refused pushes and rollbacks (serving/adapter_slots.py's counters), the
 candidate under canary, and what `teamtr improve --watch` last reported (`POST /admin/improve`).
 """
@@ -46,7 +46,7 @@ class _LiveState(Collector):
             version.add_metric([adapter], v)
         yield version
         for name, counts, doc in (
-            ("teamtr_adapter_swaps", self.registry.version_promotions, "versions promoted over a serving one"),
+            ("teamtr_adapter_promotions", self.registry.version_promotions, "versions promoted over a serving one"),
             ("teamtr_adapter_refused", self.registry.refused, "pushed versions refused"),
             ("teamtr_adapter_rollbacks", self.registry.rollbacks, "rollbacks"),
         ):

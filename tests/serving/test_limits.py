@@ -257,9 +257,9 @@ def test_metrics_after_some_requests(served, tiny_model_dir, tmp_path):
     assert refused.status_code == 400
     final = metrics(served)
     assert final[("teamtr_adapter_version", (("adapter", "adder1"),))] == 3
-    assert final[("teamtr_adapter_swaps_total", (("adapter", "adder1"),))] == 1
+    assert final[("teamtr_adapter_promotions_total", (("adapter", "adder1"),))] == 1
     assert final[("teamtr_adapter_refused_total", (("adapter", "adder1"),))] == 1
-    assert final[("teamtr_adapter_swaps_total", (("adapter", "adder2"),))] == 0
+    assert final[("teamtr_adapter_promotions_total", (("adapter", "adder2"),))] == 0
     rolled = httpx.post(served.url + "/admin/adapters/rollback", json={"role": "adder1"}, headers=admin)
     assert rolled.status_code == 200
     assert metrics(served)[("teamtr_adapter_rollbacks_total", (("adapter", "adder1"),))] == 1
