@@ -25,31 +25,12 @@ from teamtr.graphs.trajectory import Trajectory
 from teamtr.tasks import get_task
 from teamtr.training.behaviour import OffPolicyTurnsError, require_on_policy, why_not_on_policy
 from tests.support import trainer_task
+from tests.support.logprobs import expected_logprobs
 from tests.support.serving import make_run_dir, serve_in_background
-from tests.training.test_trainer import small_config, train  # importing it registers the trainer tests' task
+from tests.support.trainer import small_config, train  # importing it registers the trainer tests' task
 
 torch.set_num_threads(1)
 ROLES = ("adder1", "adder2", "adder3")
-
-
-def expected_logprobs(
-    model, prompt: list[int], completion: list[int], temperature: float, top_p: float = 1.0
-):
-    """log-prob of each completion token under the distribution it was sampled from, in float64:
-    softmax(logits / T), restricted to the smallest set of top tokens whose mass reaches top_p and
-    renormalised there (greedy, T = 0: the untempered policy)."""
-    out = []
-    for u, token in enumerate(completion):
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + completion[:u]])).logits[0, -1].double()
-        logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-        if temperature > 0 and top_p < 1:
-            probs, order = torch.sort(logp.exp(), descending=True)
-            keep = order[: int((probs.cumsum(0) - probs < top_p).sum())]
-            assert token in keep.tolist(), "the sampled token lies outside the nucleus"
-            logp = logp - torch.logsumexp(logp[keep], dim=0)
-        out.append(float(logp[token]))
-    return out
 
 
 @pytest.fixture(scope="module")

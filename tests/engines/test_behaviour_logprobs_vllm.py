@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from teamtr.engines.vllm_engine import VLLMEngine
 from teamtr.graphs.engine import SamplingParams
-from tests.engines.test_behaviour_logprobs import expected_logprobs
+from tests.support.logprobs import expected_logprobs
 
 pytestmark = pytest.mark.vllm
 

@@ -31,7 +31,7 @@ from teamtr.graphs.run_layout import read_metrics, version_dirs
 from teamtr.serving.server import ServeConfig
 from teamtr.training.trainer import Trainer
 from tests.support.serving import ROLES, make_run_dir, serve_in_background, write_versions
-from tests.training.test_trainer import small_config
+from tests.support.trainer import small_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from teamtr.cli.main import app
-from tests.graphs.test_user_graphs import (  # the example trained tiny, as those tests train it
+from tests.support.example_graphs import (  # the example trained tiny, as those tests train it
     example_config,
     train,
 )

@@ -22,23 +22,12 @@ from teamtr.graphs.chat_format import (
 from teamtr.graphs.roles import Role, role_messages
 from teamtr.training.tiny_models import CHAT_TEMPLATE as DEMO_TEMPLATE
 from teamtr.training.tiny_models import build_char_tokenizer
+from tests.support.chat_templates import CHATML, STRICT, tokenizer
 
-CHATML = (  # SmolLM2 / Qwen style: role markers, `name` dropped
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 LLAMA3 = (  # Llama 3 style: BOS, header ids, <|eot_id|>, `name` dropped
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
     "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-)
-STRICT = (  # Gemma style: no system role, strict user/model alternation, `name` dropped
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
-    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
-    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 NAMED = (  # a template that keeps `name`
     "{% for m in messages %}[{{ m['role'] }}{% if m.name %} name={{ m.name }}{% endif %}] {{ m['content'] }}\n"
@@ -54,13 +43,6 @@ THINKING = (  # Qwen 3 style switch: enable_thinking=False pre-fills an empty th
 ROLES = [Role(f"adder{k}", f"You are adder{k}.") for k in (1, 2, 3)]
 # two rounds: adder2 acts for the second time and sees its own first message among the others'
 TRANSCRIPT = [("adder1", "10+9+5"), ("adder2", "19+5"), ("adder3", "24"), ("adder1", "24 again")]
-
-
-def tokenizer(template: str):
-    tok = build_char_tokenizer()
-    tok.chat_template = template
-    tok.name_or_path = f"test-{template[:12]}"
-    return tok
 
 
 def context(acting: str = "adder2") -> list:

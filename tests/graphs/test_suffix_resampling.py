@@ -137,7 +137,7 @@ def test_trainer_with_suffix_resampling_keeps_the_prefix_before_the_updated_role
     first), after adder2's every episode keeps adder1's turn; only new tokens count as train_tokens."""
     from teamtr.graphs.run_layout import read_metrics
     from teamtr.training.warmstart import tiny_random_model
-    from tests.training.test_trainer import small_config, train
+    from tests.support.trainer import small_config, train
 
     model = str(tiny_random_model(tmp_path / "model"))
     cfg = small_config(model, tmp_path / "suffix", **{"schedule.resample": "suffix"})
@@ -164,7 +164,7 @@ def reversed_chain(state) -> Literal["adder3", "adder2", "adder1", "__end__"]:
 def test_a_custom_router_falls_back_to_full_resampling_and_says_so(tmp_path):
     from teamtr.graphs.run_layout import read_metrics
     from teamtr.training.warmstart import tiny_random_model
-    from tests.training.test_trainer import small_config, train
+    from tests.support.trainer import small_config, train
 
     model = str(tiny_random_model(tmp_path / "model"))
     overrides = {"schedule.resample": "suffix", "team.router": f"{__name__}:reversed_chain"}

@@ -32,7 +32,7 @@ from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.task import TaskInstance
 from teamtr.graphs.tool_calls import format_tool_call, parse_tool_calls, tools_system_section
 from teamtr.graphs.trajectory import Trajectory, Turn
-from tests.graphs.test_chat_templates import CHATML, STRICT, tokenizer
+from tests.support.chat_templates import CHATML, STRICT, tokenizer
 
 # ChatML with native tools (Qwen 2.5 style): tools in the system turn, calls inside the assistant turn,
 # results as user turns wrapped in <tool_response>. transformers renders with trim_blocks, so a newline

@@ -23,7 +23,7 @@ from teamtr.graphs.capture_callback import ForeignModelWarning
 from teamtr.serving.conversations import threads_path
 from teamtr.serving.threads import thread_config
 from teamtr.serving.tracing import trajectories_from_store
-from tests.graphs.test_user_graphs import ROOT, example_config, train
+from tests.support.example_graphs import ROOT, example_config, train
 from tests.support.serve_process import serve_process
 
 QUESTIONS = ["2+3+4+5", "6+1+1+7", "9+9+2+1", "4+4+4+4"]

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from teamtr.graphs.run_layout import read_metrics
-from tests.training.test_trainer import small_config, stage_team, train
+from tests.support.trainer import small_config, stage_team, train
 
 torch.set_num_threads(1)
 
@@ -176,22 +176,22 @@ LLMStageTeam.log_update = log_then_die
 
 
 def test_kill_9_inside_a_joint_update_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
-    from tests.training.test_trainer import RUNNER, RUNNER_IMPORT, _final_adapters, _run_to_completion
+    from tests.support.trainer import RUNNER, RUNNER_IMPORT, final_adapters, run_to_completion
 
     script = tmp_path / "runner.py"
     script.write_text(RUNNER.format(fixtures=RUNNER_IMPORT + RUNNER_KILL))
     for name in ("reference", "interrupted"):
         small_config(tiny_model, tmp_path / name, stages=2, **JOINT).to_yaml(tmp_path / f"{name}.yaml")
-    _run_to_completion(script, tmp_path / "reference.yaml")
+    run_to_completion(script, tmp_path / "reference.yaml")
     # killed between the second and the third record of stage 2's joint update (its checkpoint follows the
     # third), then resumed by the same command: stage 2 is done again from stage 1's checkpoint
     killed = subprocess.run([sys.executable, str(script), str(tmp_path / "interrupted.yaml")],
                             env={**os.environ, "KILL_AT": "5"}, capture_output=True, timeout=600)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL
     assert read_metrics(tmp_path / "interrupted", "update")[-1]["step"] == 5
-    _run_to_completion(script, tmp_path / "interrupted.yaml")
+    run_to_completion(script, tmp_path / "interrupted.yaml")
 
-    ref, resumed = _final_adapters(tmp_path / "reference"), _final_adapters(tmp_path / "interrupted")
+    ref, resumed = final_adapters(tmp_path / "reference"), final_adapters(tmp_path / "interrupted")
     assert ref.keys() == resumed.keys() and len(ref) == 3
     for name in ref:
         for k in ref[name]:

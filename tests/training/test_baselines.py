@@ -16,7 +16,7 @@ import yaml
 from teamtr.graphs.trajectory import Trajectory
 from teamtr.training.config import TrainConfig
 from teamtr.training.dynamic_sampling import groups_with_spread, refilled_episodes
-from tests.training.test_trainer import small_config, stage_team, train
+from tests.support.trainer import small_config, stage_team, train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

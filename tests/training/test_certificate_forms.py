@@ -149,7 +149,7 @@ def test_a_tiny_llm_team_logs_both_forms_per_update_and_per_stage(tmp_path) -> N
     # the chain team's three roles each speak once, in a fixed order: the speak-once form applies
     from teamtr.training.trainer import Trainer
     from teamtr.training.warmstart import tiny_random_model
-    from tests.training.test_trainer import small_config  # its import registers the test task and team
+    from tests.support.trainer import small_config  # its import registers the test task and team
 
     model = str(tiny_random_model(tmp_path / "model"))
     cfg = small_config(model, tmp_path / "run", **{"trust_region.heldout_episodes": 12})

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from teamtr.graphs.run_layout import read_metrics
+from tests.support.trainer import final_adapters, small_config, train
 from tests.support.trainer_task import RUNNER_IMPORT
-from tests.training.test_trainer import _final_adapters, small_config, train
 
 pytestmark = [pytest.mark.slow]
 
@@ -96,7 +96,7 @@ def test_two_ranks_match_one_process_and_a_killed_rank_resumes(tiny_model, tmp_p
         read_metrics(tmp_path / "single", "update"), read_metrics(tmp_path / "ranks", "update"), strict=True
     )
     assert all(abs(a["d_hat"] - b["d_hat"]) < 1e-4 for a, b in pairs)
-    reference, parallel = _final_adapters(tmp_path / "single"), _final_adapters(tmp_path / "ranks")
+    reference, parallel = final_adapters(tmp_path / "single"), final_adapters(tmp_path / "ranks")
     assert reference.keys() == parallel.keys()
     for name in reference:
         for k in reference[name]:
@@ -124,7 +124,7 @@ def test_two_ranks_match_one_process_and_a_killed_rank_resumes(tiny_model, tmp_p
     out, _ = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, out.decode()[-3000:]
     assert decisions(tmp_path / "killed") == ranks
-    resumed = _final_adapters(tmp_path / "killed")
+    resumed = final_adapters(tmp_path / "killed")
     assert resumed.keys() == parallel.keys()
     for name in parallel:
         for k in parallel[name]:

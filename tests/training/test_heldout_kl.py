@@ -21,7 +21,7 @@ from teamtr.graphs.run_layout import read_metrics
 from teamtr.graphs.trajectory import Trajectory, Turn
 from teamtr.training.diagnostics import OutOfSampleKL
 from teamtr.training.policy import AdapterPolicy
-from tests.training.test_trainer import (  # importing it registers the trainer tests' task
+from tests.support.trainer import (  # importing it registers the trainer tests' task
     small_config,
     stage_team,
     train,
@@ -126,7 +126,7 @@ def test_heldout_kl_is_zero_for_a_rejected_update_and_positive_for_an_accepted_o
     assert rejected.record["left_region_out_of_sample"] is False
 
 
-def _final_adapters(run_dir):
+def final_adapters(run_dir):
     out = {}
     for role_dir in sorted((run_dir / "adapters").iterdir()):
         for version in sorted(role_dir.iterdir()):
@@ -139,7 +139,7 @@ def test_heldout_kl_reaches_metrics_and_summary_and_leaves_the_seeded_run_unchan
     off = small_config(tiny_model, tmp_path / "off", stages=2, **{"trust_region.heldout_episodes": 0})
     updates_on, updates_off = train(on), train(off)
     # the monitor draws nothing from the training random state: same adapters, same updates
-    a_on, a_off = _final_adapters(tmp_path / "on"), _final_adapters(tmp_path / "off")
+    a_on, a_off = final_adapters(tmp_path / "on"), final_adapters(tmp_path / "off")
     assert a_on.keys() == a_off.keys()
     for name in a_on:
         for k in a_on[name]:

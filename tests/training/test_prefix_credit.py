@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from teamtr.training.advantages import prefix_advantages
 from teamtr.training.config import LossConfig
 from teamtr.training.stage import UpdateContext
-from tests.training.test_trainer import (  # importing it registers the trainer tests' task
+from tests.support.trainer import (  # importing it registers the trainer tests' task
     small_config,
     stage_team,
 )

@@ -29,7 +29,7 @@ from teamtr.engines.vllm_server import VLLMServer
 from teamtr.graphs.engine import DEFAULT_BASE, SamplingParams
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.trainer import Trainer
-from tests.training.test_trainer import small_config
+from tests.support.trainer import small_config
 
 torch.set_num_threads(1)
 ADAPTERS = ("solver", "checker")

@@ -22,7 +22,7 @@ from teamtr.serving.server import ServeConfig, ServedTeamConfig, served_team
 from teamtr.training.run_dir import RunDir, RunDirError
 from tests.support import trainer_task
 from tests.support.serving import serve_in_background
-from tests.training.test_trainer import small_config, train  # noqa: F401  (registers the test task)
+from tests.support.trainer import small_config, train  # noqa: F401  (registers the test task)
 
 REVERSED = ["adder3", "adder2", "adder1"]
 

@@ -12,7 +12,7 @@ import torch
 from teamtr.graphs.trajectory import Turn
 from teamtr.training.rollouts import messages_of_role
 from teamtr.training.token_counts import PrefixCache, pass_tokens, three_counts
-from tests.training.test_trainer import (  # importing it registers the trainer tests' task
+from tests.support.trainer import (  # importing it registers the trainer tests' task
     small_config,
     stage_team,
     train,

@@ -18,52 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.config import TrainConfig
-from tests.support import trainer_task
-from tests.support.trainer_task import ROLES_FACTORY, RUNNER_IMPORT, TASK
+from tests.support.trainer import RUNNER, final_adapters, run_to_completion, small_config, stage_team, train
+from tests.support.trainer_task import RUNNER_IMPORT
 
 torch.set_num_threads(1)
 
-
-
-def small_config(model: str, run_dir: Path, **overrides) -> TrainConfig:
-    base = {
-        "run_dir": str(run_dir),
-        "stages": 1,
-        "task": {"name": TASK},
-        "team": {"model": model, "lora_rank": 4, "roles": ROLES_FACTORY},
-        "rollout": {"prompts_per_update": 3, "group_size": 4},
-        "optim": {"lr": 5e-3, "epochs": 2, "minibatch_messages": 6},
-        "trust_region": {"probe_episodes": 16, "heldout_episodes": 8},  # test-sized checks
-        "eval": {"stage_episodes": 4, "final_episodes": 4},
-    }
-    return TrainConfig.from_dict(base).with_overrides(overrides)
-
-
-def stage_team(cfg: TrainConfig, model: str):
-    """The LLM team of `cfg` on a fresh engine (seeded LoRA initialisation), for tests of single updates."""
-    from teamtr.engines.embedded import EmbeddedEngine, LoraSettings
-    from teamtr.tasks import get_task
-    from teamtr.training.llm_team import LLMStageTeam, RunState
-    from teamtr.training.metrics import MetricsLog
-    from teamtr.training.progress import TrainingProgress
-
-    roles = trainer_task.roles()
-    torch.manual_seed(0)
-    engine = EmbeddedEngine(model, adapters={r.adapter: None for r in roles}, lora=LoraSettings(r=4), threads=1)
-    run_dir = Path(cfg.run_dir)
-    metrics = MetricsLog(run_dir, tensorboard=False)
-    return LLMStageTeam(cfg, engine, roles, get_task(TASK), metrics, RunState(), run_dir, TrainingProgress())
-
-
-def train(cfg: TrainConfig) -> list[dict]:
-    from teamtr.training.trainer import Trainer
-
-    Trainer(cfg).train()
-    return read_metrics(cfg.run_dir, kind="update")
 
 
 def test_teamtr_resamples_after_every_update(tiny_model, tmp_path):
@@ -170,30 +132,6 @@ def test_a_rejected_update_leaves_the_adapter_bit_identical(tiny_model, tmp_path
             assert torch.equal(opt_after[id_][k], v)
 
 
-RUNNER = """
-import sys
-import torch
-torch.set_num_threads(1)
-{fixtures}
-from teamtr.training.config import TrainConfig
-from teamtr.training.trainer import Trainer
-
-Trainer(TrainConfig.from_yaml(sys.argv[1])).train()
-"""
-
-
-def _run_to_completion(script: Path, config: Path) -> None:
-    subprocess.run([sys.executable, str(script), str(config)], check=True, capture_output=True, timeout=600)
-
-
-def _final_adapters(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
-    out = {}
-    for role_dir in sorted((run_dir / "adapters").iterdir()):
-        last = max(role_dir.iterdir(), key=lambda p: int(p.name[1:]))
-        out[f"{role_dir.name}/{last.name}"] = load_file(last / "adapter_model.safetensors")
-    return out
-
-
 def _kill_then_resume(script: Path, config: Path, ready: Callable[[str], bool]) -> None:
     """Run `script config`, SIGKILL it as soon as ready(its metrics.jsonl text) holds, then rerun it to the
     end (the run resumes from its last checkpoint)."""
@@ -210,11 +148,11 @@ def _kill_then_resume(script: Path, config: Path, ready: Callable[[str], bool]) 
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert killed_mid_run, "the run finished before it could be killed"
-    _run_to_completion(script, config)
+    run_to_completion(script, config)
 
 
 def _assert_same_adapters(reference: Path, resumed: Path) -> None:
-    ref, res = _final_adapters(reference), _final_adapters(resumed)
+    ref, res = final_adapters(reference), final_adapters(resumed)
     assert ref.keys() == res.keys()
     for name in ref:
         for k in ref[name]:
@@ -263,7 +201,7 @@ def test_kill_9_after_a_revert_then_resume_gives_bit_identical_adapters(tiny_mod
     script.write_text(RUNNER_REVERT.format(fixtures=RUNNER_IMPORT))
     for name in ("reference", "interrupted"):
         small_config(tiny_model, tmp_path / name, stages=3).to_yaml(tmp_path / f"{name}.yaml")
-    _run_to_completion(script, tmp_path / "reference.yaml")
+    run_to_completion(script, tmp_path / "reference.yaml")
 
     # SIGKILL the run as soon as stage 2's revert is logged (before or after its checkpoint), then resume
     _kill_then_resume(script, tmp_path / "interrupted.yaml", lambda log: '"kind": "revert"' in log)

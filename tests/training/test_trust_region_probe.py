@@ -23,7 +23,7 @@ from teamtr.training.stage import UpdateContext
 from teamtr.training.stage_safety import BestStage
 from teamtr.training.trust_region import ExactRegion
 from teamtr.training.vocab_kl import Side
-from tests.training.test_trainer import (  # importing it registers the trainer tests' task
+from tests.support.trainer import (  # importing it registers the trainer tests' task
     small_config,
     stage_team,
 )

@@ -34,7 +34,7 @@ from teamtr.graphs.run_layout import read_metrics
 from teamtr.training.run_dir import RunDir, RunDirError
 from teamtr.training.trainer import Trainer
 from teamtr.training.vllm_rollouts import VLLMRollouts
-from tests.training.test_trainer import small_config
+from tests.support.trainer import small_config
 
 torch.set_num_threads(1)
 GAP_BOUND = 1e-4  # |vLLM log-prob - trainer's log-prob| per token, float32 on both sides

@@ -35,16 +35,9 @@ from teamtr.training.warmstart import (
     tiny_random_model,
     training_batches,
 )
+from tests.support.warmstart import tiny_config
 
 torch.set_num_threads(int(os.environ.get("TEAMTR_TORCH_THREADS", "1")))
-
-
-def tiny_config(**overrides) -> WarmStartConfig:
-    """Seconds-sized: a 2-layer model, a handful of steps, a few held-out tasks."""
-    base = dict(hidden=64, layers=2, heads=2, batch_size=8, max_steps=3, eval_every=1, eval_tasks=4,
-                final_eval_tasks=4, sampled_eval_tasks=4, samples_per_task=2, threads=1)  # fmt: skip
-    base.update(overrides)
-    return WarmStartConfig(**base)
 
 
 @pytest.fixture(scope="module")

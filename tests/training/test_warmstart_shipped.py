@@ -29,7 +29,7 @@ from teamtr.training.warmstart.shipped import (
     ship_folder,
     weights_digest,
 )
-from tests.training.test_warmstart import tiny_config
+from tests.support.warmstart import tiny_config
 
 
 def test_the_demo_config_gets_the_shipped_model_checked_by_its_digest(tmp_path, monkeypatch):
