@@ -176,7 +176,8 @@ LLMStageTeam.log_update = log_then_die
 
 
 def test_kill_9_inside_a_joint_update_then_resume_gives_bit_identical_adapters(tiny_model, tmp_path):
-    from tests.support.trainer import RUNNER, RUNNER_IMPORT, final_adapters, run_to_completion
+    from tests.support.trainer import RUNNER, final_adapters, run_to_completion
+    from tests.support.trainer_task import RUNNER_IMPORT
 
     script = tmp_path / "runner.py"
     script.write_text(RUNNER.format(fixtures=RUNNER_IMPORT + RUNNER_KILL))
