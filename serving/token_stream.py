@@ -8,7 +8,7 @@ names its `answer_role` (serving/server.py) streams the first turn that role spe
 the config promises that the role answers once, last (e.g. the graph's final node, whose message the
 default `team.output` reads). Any other team (a custom router, an `is_final` rule, a user graph without
 an answer role) learns its final turn only when the episode ends: its answer goes out as one delta then.
-docs/serving.md, "Streaming", states the rule for clients.
+docs/serving.md, "Token streaming", states the rule for clients.
 """
 
 from __future__ import annotations

@@ -95,3 +95,45 @@ def test_the_check_catches_a_moved_file_a_missing_module_and_an_outside_document
         "../shared/TEAMTR.md (a file outside the repository)",
         "DESIGN.md (a document the repository does not hold)",
     ]
+
+
+# a section of a page cited from code or docs: docs/training.md, "Trust region" (a heading or a bold label)
+SECTION_CITE = re.compile(r'docs/(\w+\.md),? "([^"]+)"')  # the quoted name may wrap a line
+CITING = ("graphs", "tasks", "engines", "client", "serving", "training", "theory", "evals", "improve", "cli",
+          "examples", "tests", "docs")  # fmt: skip
+
+
+def _sections(page: Path) -> tuple[list[str], str]:
+    text = page.read_text()
+    return [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")], " ".join(text.split())
+
+
+def _uncited(text: str, where: str) -> list[str]:
+    missing = []
+    for page, cited in SECTION_CITE.findall(text):
+        section = " ".join(cited.split())  # a citation may wrap across a comment's lines
+        path = ROOT / "docs" / page
+        if not path.is_file():
+            missing.append(f"{where}: docs/{page} (no such page)")
+            continue
+        headings, body = _sections(path)
+        if not any(section in h for h in headings) and f"**{section}" not in body:
+            missing.append(f'{where}: docs/{page}, "{section}" (no such section)')
+    return missing
+
+
+def test_every_section_cited_exists():
+    """A docs rewrite that renames a heading leaves no comment pointing at nothing."""
+    missing = []
+    for folder in CITING:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".md", ".yaml") and path.is_file() and path != Path(__file__):
+                missing += _uncited(path.read_text(), path.relative_to(ROOT).as_posix())
+    assert not missing, "\n".join(missing)
+
+
+def test_the_section_check_sees_a_renamed_heading():
+    assert _uncited('see docs/training.md, "Trust region"', "x") == []
+    assert _uncited('see docs/training.md, "No such heading here"', "x") == [
+        'x: docs/training.md, "No such heading here" (no such section)'
+    ]

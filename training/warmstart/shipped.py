@@ -3,7 +3,7 @@ the same weights on every machine.
 
 A build is deterministic on one machine only: its hundreds of supervised steps from scratch, and the
 choice of the best noisy checkpoint, turn the last-bit rounding of the CPU's code path (AVX2, AVX-512,
-AMX; MKL's) into different weights (docs/evals.md, "Deterministic builds"). Fixed weights, by contrast,
+AMX; MKL's) into different weights (docs/evals.md, "Deterministic warm starts"). Fixed weights, by contrast,
 evaluate and train identically across those code paths. So the demo's warm model is built once and
 shipped: `training/warmstart/shipped/<name>/` holds it with its build report, and `shipped.json` the
 sha256 of its weights. `ensure_warm_model` returns the shipped model of a config when there is one (same
