@@ -273,7 +273,7 @@ def test_a_run_without_adapters_is_one_line_of_error(demo_model, tmp_path):
 def test_a_config_from_another_version_is_one_line_naming_the_field(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"team": {"roles": None}, "loss": {"kind": "teamtr",
+    (run / "config.yaml").write_text(yaml.safe_dump({"team": {"roles": None}, "loss": {"kind": "grpo",
                                                                                       "kl_coef": 0.1}}))  # fmt: skip
     for command in (
         ("serve", str(run)),
