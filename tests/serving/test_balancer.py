@@ -45,6 +45,7 @@ class Load(ThreadLoad):
         self.url = url
         self.statuses: Counter[int] = Counter()
         self.dropped: list[str] = []  # requests the balancer closed without an answer
+        self.pushed_version_answered = threading.Event()  # an answer ran on the pushed adder2 (v3)
         self.stop = threading.Event()
 
     def client(self, slot: int) -> None:
@@ -61,6 +62,8 @@ class Load(ThreadLoad):
                     self.statuses[r.status_code] += 1
                 if r.status_code == 200:
                     self.record(thread, question, r.json())
+                    if r.json()["teamtr"]["adapter_versions"]["adder2"] == 3:
+                        self.pushed_version_answered.set()
                 else:  # the exchange is resent next round
                     time.sleep(0.2)
 
@@ -119,6 +122,9 @@ def check_kill_behind_balancer(model_dir, tmp_path, postgres, *engine: str) -> N
                 )
                 assert pushed.status_code == 200, pushed.text
                 load.wait_answered(12)
+                # answers pinned before the push can outnumber those after it on a loaded machine: the
+                # kill waits for one on the pushed version, so the push is seen served before it
+                assert load.pushed_version_answered.wait(PHASE_TIMEOUT_S), "no answer ran on the pushed v3"
                 os.kill(replicas[0].pid, signal.SIGKILL)  # mid-load: the clients keep sending
                 replicas[0].wait(30)
                 load.wait_answered(18)
