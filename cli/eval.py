@@ -175,7 +175,7 @@ def eval_command(
         raise typer.BadParameter(f"unknown task {task!r}; known: {known}", param_hint="--task")
     knobs = _parse_knobs(difficulty or [])
     if graph_run is not None:
-        from teamtr.cli.graph_eval import evaluate_graph_run
+        from teamtr.cli.graph_eval import report_graph_run
 
         if task is None and difficulty:
             raise typer.BadParameter(
@@ -185,7 +185,7 @@ def eval_command(
         family, instances = (
             (None, None) if task is None else _instances(task, limit, seed, knobs, benchmarks_dir)
         )
-        evaluate_graph_run(
+        report_graph_run(
             Path(team_or_run_dir),
             family=family,
             instances=instances,

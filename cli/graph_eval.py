@@ -11,8 +11,6 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from teamtr.graphs.task import TaskFamily, TaskInstance
-
 
 def versions_text(labels: tuple[str, str], role_versions: dict[str, dict[str, int]]) -> str:
     """`v0 (planner v0, solver v0) vs newest (planner v3, solver v2)`."""
@@ -22,52 +20,15 @@ def versions_text(labels: tuple[str, str], role_versions: dict[str, dict[str, in
     return " vs ".join(sides)
 
 
-def evaluate_graph_run(
-    run_dir: Path,
-    *,
-    family: TaskFamily | None,
-    instances: list[TaskInstance] | None,
-    data: Path | None = None,
-    verifier: str | None,
-    k: int,
-    limit: int,
-    seed: int,
-    baseline: bool,
-    stage: int | None,
-    single_turns: int | None,
-    temperature: float,
-    max_new_tokens: int | None,
-    batch_size: int,
-    threads: int,
-    out: Path | None,
-    as_json: bool,
-) -> dict[str, Any]:
-    """Before (v0) and after (newest, or `stage`) of a graph run (evals/graph_eval.py), printed and written
-    to `out` (default runs/eval/<run>); its result.json summary."""
+def report_graph_run(run_dir: Path, *, out: Path | None, as_json: bool, **options: Any) -> dict[str, Any]:
+    """Before (v0) and after (newest, or `stage`) of a graph run: evals/graph_eval.py `evaluate_graph_run`
+    with `options`, printed and written to `out` (default runs/eval/<run>); its result.json summary."""
     from teamtr.evals.compare import comparison_table
-    from teamtr.evals.graph_eval import GraphEvalError
-    from teamtr.evals.graph_eval import evaluate_graph_run as evaluate
+    from teamtr.evals.graph_eval import GraphEvalError, evaluate_graph_run
     from teamtr.evals.report import print_result
 
     try:
-        evaluation = evaluate(
-            run_dir,
-            family=family,
-            instances=instances,
-            data=data,
-            verifier=verifier,
-            k=k,
-            limit=limit,
-            seed=seed,
-            baseline=baseline,
-            stage=stage,
-            single_turns=single_turns,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            threads=threads,
-            show_progress=not as_json,
-        )
+        evaluation = evaluate_graph_run(run_dir, show_progress=not as_json, **options)
     except GraphEvalError as e:
         raise typer.BadParameter(str(e), param_hint=e.option) from None
     out_dir = out or Path("runs") / "eval" / evaluation.run_path.resolve().name

@@ -35,18 +35,3 @@ class WarmStart:
 
     changes: Mapping[str, Any] = field(default_factory=dict)
     scaled_budget: tuple[int, int] | None = None
-
-
-def system_prompt_of(family: type | None) -> str:
-    """The system prompt a family class declares (DEFAULT_SYSTEM_PROMPT for None or one that declares none)."""
-    return getattr(family, "system_prompt", DEFAULT_SYSTEM_PROMPT)
-
-
-def max_new_tokens_of(family: type | None) -> int:
-    """The message budget a family class declares (DEFAULT_MAX_NEW_TOKENS for None or one without)."""
-    return getattr(family, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-
-
-def warm_start_of(family: type | None) -> WarmStart | None:
-    """The warm-start settings a family class declares (None for None or one without)."""
-    return getattr(family, "warm_start", None)

@@ -12,19 +12,19 @@ from teamtr.graphs.engine import SamplingParams
 from teamtr.graphs.roles import Role, with_view
 from teamtr.graphs.task import TaskFamily, TaskInstance
 from teamtr.tasks import family_class
-from teamtr.tasks.family_settings import max_new_tokens_of, system_prompt_of
+from teamtr.tasks.family_settings import DEFAULT_MAX_NEW_TOKENS, DEFAULT_SYSTEM_PROMPT
 
 MESSAGE_END = "\n"  # the small character models end a message with a newline
 
 
 def system_prompt_for(task: str) -> str:
     """The system prompt of task `task`'s generic roles: its family's (a default for other names)."""
-    return system_prompt_of(family_class(task))
+    return getattr(family_class(task), "system_prompt", DEFAULT_SYSTEM_PROMPT)
 
 
 def max_new_tokens_for(task: str) -> int:
     """The longest message a role of task `task` writes: its family's budget (a default for other names)."""
-    return max_new_tokens_of(family_class(task))
+    return getattr(family_class(task), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
 
 
 def default_roles(

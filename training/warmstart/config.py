@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 from teamtr.tasks import family_class, get_task, task_names
-from teamtr.tasks.family_settings import WarmStart, warm_start_of
+from teamtr.tasks.family_settings import WarmStart
 
 # Bump when the build procedure changes its result in a way the config does not show, so that models
 # cached by the old procedure are not reused as if the new one had built them.
@@ -122,7 +122,7 @@ class WarmStartConfig:
 def declared_warm_start(task: str) -> WarmStart | None:
     """The warm-start settings `task`'s family declares in its module (tasks/<family>.py `warm_start`);
     None for names without a warm start of their own (real benchmarks)."""
-    return warm_start_of(family_class(task))
+    return getattr(family_class(task), "warm_start", None)
 
 
 # Each family's warm-start settings as its module declares them (tasks/<family>.py `warm_start`): what
